@@ -1,0 +1,24 @@
+# The two commands a user needs: `make demo` and `make test`. Both set up first.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) -m orchestrator plan --graph examples/branchy.json --devices 2 --micro-batches 2
+
+bench: setup
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

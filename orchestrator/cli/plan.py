@@ -1,0 +1,83 @@
+"""`orchestrator plan`: place one worker's ops onto its devices and report the plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from placement.cluster import PRESET_NAMES, preset
+from placement.graph import ANY_KIND, OpGraph
+from placement.io import load_graph
+from placement.plan import OBJECTIVES, Plan
+from placement.planner import SOLVERS, PlanConfig, plan
+
+#: The preset whose device kind matches a graph's times, when --cluster is not given.
+_PRESET_FOR_KIND = {ANY_KIND: "dgx1-v100", "v100": "dgx1-v100", "a100": "dgx-a100",
+                    "h100": "dgx-h100", "cpu": "cpu"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="place a graph's ops onto one worker's devices",
+                       description=__doc__)
+    p.add_argument("--graph", required=True, help="op graph JSON (ours or the peer format)")
+    p.add_argument("--devices", type=int, required=True, help="devices of the worker (M)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="makespan")
+    p.add_argument("--micro-batches", type=int, default=1, dest="micro_batches")
+    p.add_argument("--cluster", choices=PRESET_NAMES, default=None,
+                   help="cluster preset (default: the one matching the graph's device kind)")
+    p.add_argument("--solver", default="heuristic",
+                   help=f"one of {', '.join(SOLVERS)} (default: heuristic)")
+    p.add_argument("--time-limit", type=float, default=60.0, dest="time_limit",
+                   help="solver wall-clock limit in seconds")
+    p.add_argument("--gap", type=float, default=0.01, help="relative gap to stop at")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", help="write the plan as JSON to this file")
+    p.add_argument("--gantt", help="write a Gantt chart PNG of the plan to this file")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.set_defaults(run=run)
+
+
+def default_preset(graph: OpGraph) -> str:
+    kinds = sorted(graph.device_kinds)
+    return _PRESET_FOR_KIND.get(kinds[0], "dgx1-v100") if len(kinds) == 1 else "dgx1-v100"
+
+
+def run(args: argparse.Namespace) -> int:
+    graph = load_graph(args.graph)
+    cluster = preset(args.cluster or default_preset(graph))
+    config = PlanConfig(num_devices=args.devices, objective=args.objective,
+                        num_micro_batches=args.micro_batches, solver=args.solver,
+                        time_limit_s=args.time_limit, gap=args.gap, threads=args.threads)
+    result = plan(graph, cluster, config)
+    if args.out:
+        result.save(args.out)
+    if args.gantt:
+        from orchestrator.report.gantt import save_gantt
+
+        save_gantt(result, args.gantt)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(format_plan(result, cluster.name))
+    return 0
+
+
+def format_plan(p: Plan, cluster_name: str) -> str:
+    unit = p.time_unit
+    lines = [
+        f"{p.graph_name}: {p.objective} on {p.num_devices} device(s) of {cluster_name}, "
+        f"{p.num_micro_batches} micro-batch(es)",
+        f"  value {p.value:.6g} {unit}   lower bound {p.lower_bound:.6g} {unit}   "
+        f"gap {p.gap:.2%}",
+        f"  solver {p.solver} ({p.status}) in {p.solve_seconds:.2f} s   "
+        f"step time {p.step_time:.6g} {unit}   max-load {p.max_load:.6g} {unit}",
+        "  device   load        ops   memory",
+    ]
+    counts = [0] * p.num_devices
+    for dev in p.assignment.values():
+        counts[dev] += 1
+    for d in range(p.num_devices):
+        lines.append(f"  {d:>6}   {p.device_load[d]:<10.6g}  {counts[d]:>4}   "
+                     f"{p.device_memory_bytes[d] / 2**30:.3g} GiB")
+    lines += [f"  note: {n}" for n in p.notes]
+    return "\n".join(lines)

@@ -1,0 +1,164 @@
+"""Baseline placers: one device; HEFT list scheduling; the optimal contiguous split.
+
+Each returns a per-group device array; `placement.planner` turns it into a full plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from placement.simulate import DeviceTimeline, max_load, priority_order, upward_rank
+from placement.tasks import TaskGraph
+
+
+def single_device(tg: TaskGraph) -> np.ndarray:
+    return np.zeros(tg.num_groups, dtype=np.int64)
+
+
+def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
+         memory_cap: float) -> np.ndarray:
+    """HEFT (Topcuoglu et al. 2002): tasks by upward rank with average transfer costs;
+    each group goes to the device where its first scheduled task finishes earliest
+    (insertion into idle gaps), among devices with memory left for it."""
+    average_comm = (num_devices - 1) / num_devices
+    group_device = np.full(tg.num_groups, -1, dtype=np.int64)
+    used = np.zeros(num_devices)
+    timelines = [DeviceTimeline() for _ in range(num_devices)]
+    finish = np.zeros(tg.num_tasks)
+    dev_of_task = np.full(tg.num_tasks, -1, dtype=np.int64)
+    for t in priority_order(tg, upward_rank(tg, average_comm)):
+        g = tg.group[t]
+        if group_device[g] >= 0:
+            candidates = [int(group_device[g])]
+        else:
+            candidates = [d for d in range(num_devices)
+                          if used[d] + group_memory[g] <= memory_cap]
+            assert candidates, "the planner checks that every group fits somewhere"
+        best = None
+        for d in candidates:
+            ready = max((finish[p] + (c if dev_of_task[p] != d else 0.0)
+                         for p, c in tg.predecessors[t]), default=0.0)
+            start = timelines[d].earliest_start(ready, tg.duration_s[t])
+            if best is None or start + tg.duration_s[t] < best[0] - 1e-15:
+                best = (start + tg.duration_s[t], start, d)
+        end, start, d = best
+        if group_device[g] < 0:
+            group_device[g] = d
+            used[d] += group_memory[g]
+        timelines[d].insert(start, end)
+        finish[t] = end
+        dev_of_task[t] = d
+    return group_device
+
+
+def group_sequence(tg: TaskGraph) -> list[int]:
+    """Groups in the topological order of their first forward task."""
+    first = np.full(tg.num_groups, np.iinfo(np.int64).max)
+    any_first = np.full(tg.num_groups, np.iinfo(np.int64).max)
+    for pos, t in enumerate(tg.topological_order):
+        g = tg.group[t]
+        any_first[g] = min(any_first[g], pos)
+        if not tg.tasks[t].backward and not tg.graph.op(tg.tasks[t].op_id).is_backward:
+            first[g] = min(first[g], pos)
+    key = np.where(first < np.iinfo(np.int64).max, first, any_first)
+    return sorted(range(tg.num_groups), key=lambda g: key[g])
+
+
+def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
+                     memory_cap: float) -> np.ndarray:
+    """The max-load-optimal split of the group sequence into at most `num_devices`
+    consecutive intervals, by dynamic programming over interval costs (PipeDream's
+    idea). An interval's max-load is its own: its work, the send cost of each of its
+    tasks with a successor outside, and the send cost of each outside task feeding it."""
+    seq = group_sequence(tg)
+    n = len(seq)
+    tasks_of_group: list[list[int]] = [[] for _ in range(tg.num_groups)]
+    for t in range(tg.num_tasks):
+        tasks_of_group[tg.group[t]].append(t)
+    cost = _interval_costs(tg, seq, tasks_of_group, group_memory, memory_cap,
+                           work_limit=_balanced_upper_bound(tg, seq, num_devices,
+                                                            group_memory, memory_cap))
+    # best[c, j]: least max-load of the first j groups on at most c devices.
+    best = np.full((num_devices + 1, n + 1), np.inf)
+    cut = np.zeros((num_devices + 1, n + 1), dtype=np.int64)
+    best[:, 0] = 0.0
+    for c in range(1, num_devices + 1):
+        for j in range(1, n + 1):
+            candidates = np.maximum(best[c - 1, :j], cost[:j, j])
+            i = int(np.argmin(candidates))
+            best[c, j], cut[c, j] = candidates[i], i
+    assert np.isfinite(best[num_devices, n]), "the planner checks that memory fits"
+    group_device = np.empty(tg.num_groups, dtype=np.int64)
+    j, c = n, num_devices
+    while j > 0:
+        i = int(cut[c, j])
+        for g in seq[i:j]:
+            group_device[g] = c - 1
+        j, c = i, c - 1
+    # Intervals were filled from the last device backwards; renumber so the first
+    # interval sits on device 0.
+    return group_device - group_device.min()
+
+
+def _balanced_upper_bound(tg: TaskGraph, seq: list[int], num_devices: int,
+                          group_memory: np.ndarray, memory_cap: float) -> float:
+    """The max-load of cutting the sequence at every total/k of work. An interval of an
+    optimal split has no more work than that (when that split fits in memory, so the
+    optimum is at most its max-load), so longer intervals can be skipped."""
+    work = tg.group_work_s[seq]
+    target = work.sum() / num_devices
+    device = np.minimum((np.cumsum(work) - work) // max(target, 1e-300),
+                        num_devices - 1).astype(np.int64)
+    group_device = np.empty(tg.num_groups, dtype=np.int64)
+    group_device[seq] = device
+    if np.bincount(group_device, weights=group_memory, minlength=num_devices).max() > memory_cap:
+        return np.inf
+    return max_load(tg, group_device, num_devices)
+
+
+def _interval_costs(tg: TaskGraph, seq: list[int], tasks_of_group: list[list[int]],
+                    group_memory: np.ndarray, memory_cap: float,
+                    work_limit: float) -> np.ndarray:
+    """cost[i, j] = max-load of groups seq[i:j] on one device (inf when it exceeds the
+    memory cap or when its work alone exceeds `work_limit`)."""
+    n = len(seq)
+    cost = np.full((n + 1, n + 1), np.inf)
+    succ = tg.successors
+    pred = tg.predecessors
+    send = tg.send_s
+    dur = tg.duration_s
+    group = tg.group
+    for i in range(n):
+        inside = np.zeros(tg.num_groups, dtype=bool)
+        out_edges = np.zeros(tg.num_tasks, dtype=np.int64)
+        receiving = np.zeros(tg.num_tasks, dtype=bool)
+        load = work = memory = 0.0
+        for j in range(i, n):
+            g = seq[j]
+            inside[g] = True
+            memory += group_memory[g]
+            members = tasks_of_group[g]
+            for u in members:
+                load += dur[u]
+                work += dur[u]
+                if receiving[u]:
+                    receiving[u] = False
+                    load -= send[u]
+                out_edges[u] = sum(1 for v, _ in succ[u] if not inside[group[v]])
+                if out_edges[u]:
+                    load += send[u]
+            for v in members:
+                for p, _ in pred[v]:
+                    if group[p] == g:
+                        continue
+                    if inside[group[p]]:
+                        out_edges[p] -= 1
+                        if out_edges[p] == 0:
+                            load -= send[p]
+                    elif not receiving[p]:
+                        receiving[p] = True
+                        load += send[p]
+            if memory > memory_cap or work > work_limit * (1 + 1e-12):
+                break
+            cost[i, j + 1] = load
+    return cost

@@ -1,0 +1,224 @@
+"""The two cost models of a placement (DESIGN.md), their lower bounds, and a timeline.
+
+- Step time (makespan): each device runs one task at a time, non-preemptively, in its
+  given order; a task starts when its device is free and every input has arrived (the
+  producer's finish, plus the transfer time when it sits on another device). Transfers
+  do not occupy devices.
+- Max-load (pipelined throughput): each device's task time, plus, for each task with a
+  successor on another device, its send cost once on its own device and once on every
+  other device holding a successor.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement.tasks import TaskGraph
+
+
+class OrderError(ValueError):
+    """A per-device task order that contradicts the graph (it would deadlock)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    start_s: np.ndarray
+    finish_s: np.ndarray
+    device: np.ndarray
+    order: tuple[tuple[int, ...], ...]
+    """Per device: task indices in execution order."""
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.finish_s.max(initial=0.0))
+
+
+def device_loads(tg: TaskGraph, group_device: np.ndarray, num_devices: int) -> np.ndarray:
+    """Per-device load of the max-load model (compute plus send/receive costs)."""
+    dev = tg.task_devices(group_device)
+    loads = np.bincount(dev, weights=tg.duration_s, minlength=num_devices).astype(float)
+    src, dst = tg.edge_src, tg.edge_dst
+    crossing = dev[src] != dev[dst]
+    if not crossing.any():
+        return loads
+    senders = np.unique(src[crossing])
+    np.add.at(loads, dev[senders], tg.send_s[senders])
+    # Each (sender, receiving device) pair pays once, however many successors it holds.
+    pairs = np.unique(np.stack([src[crossing], dev[dst[crossing]]]), axis=1)
+    np.add.at(loads, pairs[1], tg.send_s[pairs[0]])
+    return loads
+
+
+def max_load(tg: TaskGraph, group_device: np.ndarray, num_devices: int) -> float:
+    return float(device_loads(tg, group_device, num_devices).max())
+
+
+def busy_time(tg: TaskGraph, group_device: np.ndarray, num_devices: int) -> np.ndarray:
+    return np.bincount(tg.task_devices(group_device), weights=tg.duration_s,
+                       minlength=num_devices).astype(float)
+
+
+def critical_path_s(tg: TaskGraph) -> float:
+    """Longest chain of task times, transfers free (any placement may colocate them)."""
+    finish = np.zeros(tg.num_tasks)
+    for t in tg.topological_order:
+        ready = max((finish[p] for p, _ in tg.predecessors[t]), default=0.0)
+        finish[t] = ready + tg.duration_s[t]
+    return float(finish.max(initial=0.0))
+
+
+def max_load_lower_bound(tg: TaskGraph, num_devices: int) -> float:
+    """Total work spread evenly, or the heaviest colocation group, whichever is more."""
+    total = float(tg.duration_s.sum())
+    return max(total / num_devices, float(tg.group_work_s.max(initial=0.0)))
+
+
+def step_time_lower_bound(tg: TaskGraph, num_devices: int) -> float:
+    return max(critical_path_s(tg), max_load_lower_bound(tg, num_devices))
+
+
+def evaluate_order(tg: TaskGraph, group_device: np.ndarray,
+                   order: Sequence[Sequence[int]]) -> Schedule:
+    """Start every task as early as its device's order and its inputs allow."""
+    dev = tg.task_devices(group_device)
+    n = tg.num_tasks
+    seen = np.zeros(n, dtype=bool)
+    next_on_device = np.full(n, -1)
+    has_prev = np.zeros(n, dtype=bool)
+    for d, tasks in enumerate(order):
+        for i, t in enumerate(tasks):
+            if dev[t] != d or seen[t]:
+                raise OrderError(f"task {tg.tasks[t]} is listed on device {d} but placed on "
+                                 f"{dev[t]} (or listed twice)")
+            seen[t] = True
+            if i + 1 < len(tasks):
+                next_on_device[t] = tasks[i + 1]
+                has_prev[tasks[i + 1]] = True
+    if not seen.all():
+        missing = tg.tasks[int(np.flatnonzero(~seen)[0])]
+        raise OrderError(f"the order leaves out task {missing}")
+
+    indegree = np.bincount(tg.edge_dst, minlength=n) + has_prev
+    ready_at = np.zeros(n)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    stack = [t for t in range(n) if indegree[t] == 0]
+    done = 0
+    while stack:
+        t = stack.pop()
+        done += 1
+        start[t] = ready_at[t]
+        finish[t] = start[t] + tg.duration_s[t]
+        for s, c in tg.successors[t]:
+            arrive = finish[t] + (c if dev[s] != dev[t] else 0.0)
+            ready_at[s] = max(ready_at[s], arrive)
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                stack.append(s)
+        nxt = next_on_device[t]
+        if nxt >= 0:
+            ready_at[nxt] = max(ready_at[nxt], finish[t])
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                stack.append(nxt)
+    if done < n:
+        raise OrderError("the per-device order deadlocks: a task waits for one that is "
+                         "ordered after it on another device")
+    return Schedule(start_s=start, finish_s=finish, device=dev,
+                    order=tuple(tuple(int(t) for t in ts) for ts in order))
+
+
+def upward_rank(tg: TaskGraph, comm_weight: np.ndarray | float) -> np.ndarray:
+    """HEFT's upward rank: a task's time plus the longest (time + transfer) path after
+    it; `comm_weight` scales each edge's transfer (0 where its ends share a device)."""
+    weights = tg.edge_transfer_s * comm_weight
+    succ_weight: list[list[tuple[int, float]]] = [[] for _ in range(tg.num_tasks)]
+    for s, d, w in zip(tg.edge_src.tolist(), tg.edge_dst.tolist(), np.broadcast_to(
+            weights, tg.edge_src.shape).tolist()):
+        succ_weight[s].append((d, w))
+    rank = np.zeros(tg.num_tasks)
+    for t in reversed(tg.topological_order):
+        rank[t] = tg.duration_s[t] + max((w + rank[d] for d, w in succ_weight[t]),
+                                         default=0.0)
+    return rank
+
+
+def priority_order(tg: TaskGraph, rank: np.ndarray) -> list[int]:
+    """Tasks by decreasing rank; ties keep topological order, so the result is one."""
+    position = np.empty(tg.num_tasks, dtype=np.int64)
+    position[list(tg.topological_order)] = np.arange(tg.num_tasks)
+    return sorted(range(tg.num_tasks), key=lambda t: (-rank[t], position[t]))
+
+
+class DeviceTimeline:
+    """Busy intervals of one device, for insertion-based list scheduling."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def earliest_start(self, ready_s: float, duration_s: float) -> float:
+        i = bisect.bisect_right(self.ends, ready_s)
+        t = ready_s
+        while i < len(self.starts):
+            if t + duration_s <= self.starts[i]:
+                return t
+            t = max(t, self.ends[i])
+            i += 1
+        return t
+
+    def insert(self, start_s: float, end_s: float) -> None:
+        i = bisect.bisect_right(self.starts, start_s)
+        # Zero-length tasks may share an instant with a neighbour; order by start keeps
+        # both lists sorted because busy intervals never overlap.
+        self.starts.insert(i, start_s)
+        self.ends.insert(i, end_s)
+
+
+def list_schedule(tg: TaskGraph, group_device: np.ndarray, num_devices: int) -> Schedule:
+    """An order for a fixed placement: tasks by upward rank, each inserted at its
+    device's earliest fitting gap; then evaluated as-soon-as-possible in that order."""
+    dev = tg.task_devices(group_device)
+    crossing = (dev[tg.edge_src] != dev[tg.edge_dst]).astype(float)
+    ready_finish = np.zeros(tg.num_tasks)
+    timelines = [DeviceTimeline() for _ in range(num_devices)]
+    start = np.zeros(tg.num_tasks)
+    for t in priority_order(tg, upward_rank(tg, crossing)):
+        ready = max((ready_finish[p] + (c if dev[p] != dev[t] else 0.0)
+                     for p, c in tg.predecessors[t]), default=0.0)
+        s = timelines[dev[t]].earliest_start(ready, tg.duration_s[t])
+        timelines[dev[t]].insert(s, s + tg.duration_s[t])
+        start[t] = s
+        ready_finish[t] = s + tg.duration_s[t]
+    order = order_by_start(tg, dev, start, ready_finish, num_devices)
+    return evaluate_order(tg, group_device, order)
+
+
+def order_by_start(tg: TaskGraph, dev: np.ndarray, start: np.ndarray,
+                   finish: np.ndarray, num_devices: int) -> list[list[int]]:
+    """Per device, its tasks by (start, finish, topological position): the key rises
+    strictly along every edge of a feasible timed schedule, even through zero-length
+    tasks, so the order never deadlocks."""
+    position = np.empty(tg.num_tasks, dtype=np.int64)
+    position[list(tg.topological_order)] = np.arange(tg.num_tasks)
+    order: list[list[int]] = [[] for _ in range(num_devices)]
+    for t in np.lexsort((position, finish, start)).tolist():
+        order[dev[t]].append(t)
+    return order
+
+
+def memory_bytes(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
+                 param_state_factor: float) -> np.ndarray:
+    """Per device: parameters x `param_state_factor` (weights, gradients, optimizer
+    state) plus the activations its ops keep for the backward pass."""
+    graph = tg.graph
+    per_op = np.array([op.param_bytes * param_state_factor + op.activation_bytes
+                       for op in graph.ops])
+    op_group = np.array([tg.group_of_op[op.id] for op in graph.ops], dtype=np.int64)
+    return np.bincount(group_device[op_group], weights=per_op,
+                       minlength=num_devices).astype(float)
+

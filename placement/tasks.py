@@ -1,0 +1,199 @@
+"""The task graph of one training step: what the simulator and the placers schedule.
+
+A *task* is one op's forward or backward for one micro-batch. A forward graph whose ops
+carry backward times is unrolled here: each op u gets a backward task u' on u's device,
+every edge u->v gets a gradient edge v'->u' of the same size, and u -> u' (u' needs
+u's saved activations). A graph whose backward ops are explicit (the peer format) is
+taken as it is. With K micro-batches every task is repeated K times at 1/K of its time
+and every transfer at 1/K of its bytes (work is taken as linear in the batch).
+
+Placement is decided per *group*: the ops of one colocation group, and every task of
+those ops, must share a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
+
+import numpy as np
+
+from placement.cluster import Link
+from placement.graph import OpGraph
+
+
+class Task(NamedTuple):
+    op_id: int
+    backward: bool
+    micro_batch: int
+
+    def label(self) -> list:
+        return [self.op_id, "backward" if self.backward else "forward", self.micro_batch]
+
+
+@dataclass(frozen=True, eq=False)
+class TaskGraph:
+    """Arrays over tasks 0..n-1 (numpy, so the simulator and solvers stay fast)."""
+
+    graph: OpGraph
+    tasks: tuple[Task, ...]
+    duration_s: np.ndarray
+    """Per task: seconds (or the graph's own unit)."""
+    group: np.ndarray
+    """Per task: index of its placement group."""
+    group_ops: tuple[tuple[int, ...], ...]
+    """Per group: the op ids in it."""
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_transfer_s: np.ndarray
+    """Per edge: time to move the tensor when its ends sit on different devices."""
+    send_s: np.ndarray
+    """Per task: the cost of sending its output to another device (max over its edges);
+    the max-load model charges it once on the sender and once per receiving device."""
+    num_micro_batches: int
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_ops)
+
+    @cached_property
+    def group_of_op(self) -> dict[int, int]:
+        return {op: g for g, ops in enumerate(self.group_ops) for op in ops}
+
+    @cached_property
+    def successors(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        out: list[list[tuple[int, float]]] = [[] for _ in range(self.num_tasks)]
+        for s, d, c in zip(self.edge_src.tolist(), self.edge_dst.tolist(),
+                           self.edge_transfer_s.tolist()):
+            out[s].append((d, c))
+        return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def predecessors(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        inc: list[list[tuple[int, float]]] = [[] for _ in range(self.num_tasks)]
+        for s, d, c in zip(self.edge_src.tolist(), self.edge_dst.tolist(),
+                           self.edge_transfer_s.tolist()):
+            inc[d].append((s, c))
+        return tuple(tuple(x) for x in inc)
+
+    @cached_property
+    def topological_order(self) -> tuple[int, ...]:
+        indegree = np.bincount(self.edge_dst, minlength=self.num_tasks).tolist()
+        ready = [t for t in range(self.num_tasks) if indegree[t] == 0]
+        order: list[int] = []
+        while ready:
+            t = ready.pop()
+            order.append(t)
+            for d, _ in self.successors[t]:
+                indegree[d] -= 1
+                if indegree[d] == 0:
+                    ready.append(d)
+        assert len(order) == self.num_tasks, "task graphs are acyclic by construction"
+        return tuple(order)
+
+    @cached_property
+    def group_work_s(self) -> np.ndarray:
+        return np.bincount(self.group, weights=self.duration_s, minlength=self.num_groups)
+
+    def task_devices(self, group_device: np.ndarray) -> np.ndarray:
+        return group_device[self.group]
+
+    def group_devices(self, assignment: dict[int, int]) -> np.ndarray:
+        """Op id -> device as a per-group device array (checks colocation)."""
+        devices = np.full(self.num_groups, -1, dtype=np.int64)
+        for op_id, dev in assignment.items():
+            g = self.group_of_op[op_id]
+            if devices[g] not in (-1, dev):
+                raise ValueError(
+                    f"op {op_id} is on device {dev} but its colocation group is on "
+                    f"device {devices[g]}: colocated ops must share a device"
+                )
+            devices[g] = dev
+        missing = [ops[0] for g, ops in enumerate(self.group_ops) if devices[g] < 0]
+        if missing:
+            raise ValueError(f"the placement gives no device to op {missing[0]}")
+        return devices
+
+    def assignment(self, group_device: np.ndarray) -> dict[int, int]:
+        """Per-group devices back to op id -> device."""
+        return {op: int(group_device[g]) for g, ops in enumerate(self.group_ops) for op in ops}
+
+
+def _placement_groups(graph: OpGraph) -> tuple[tuple[int, ...], ...]:
+    groups: dict[object, list[int]] = {}
+    for op in graph.ops:
+        key = ("colocation", op.colocation) if op.colocation is not None else ("op", op.id)
+        groups.setdefault(key, []).append(op.id)
+    return tuple(tuple(ops) for ops in groups.values())
+
+
+def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
+                num_micro_batches: int = 1, training: bool = True) -> TaskGraph:
+    """Unroll `graph` into the tasks of one step on devices of `device_kind`.
+
+    `training=False` drops implied backward tasks (inference); explicit backward ops of
+    the peer format are kept either way, as the file describes them.
+    """
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches={num_micro_batches} must be >= 1")
+    k = num_micro_batches
+    group_ops = _placement_groups(graph)
+    group_of_op = {op: g for g, ops in enumerate(group_ops) for op in ops}
+    implied_backward = training and not graph.has_explicit_backward and any(
+        op.backward_s for op in graph.ops)
+
+    tasks: list[Task] = []
+    duration: list[float] = []
+    group: list[int] = []
+    index: dict[Task, int] = {}
+    for m in range(k):
+        for phase in ((False, True) if implied_backward else (False,)):
+            for op in graph.ops:
+                task = Task(op.id, phase, m)
+                index[task] = len(tasks)
+                tasks.append(task)
+                duration.append(op.time_s(device_kind, backward=phase) / k)
+                group.append(group_of_op[op.id])
+
+    def transfer(bytes_: float, cost_s: float | None) -> float:
+        if cost_s is not None:
+            return cost_s / k
+        return link.transfer_s(bytes_ / k) if bytes_ > 0 else 0.0
+
+    src: list[int] = []
+    dst: list[int] = []
+    cost: list[float] = []
+    for m in range(k):
+        for e in graph.edges:
+            c = transfer(e.bytes, e.cost_s if e.cost_s is not None
+                         else graph.op(e.src).transfer_s)
+            src.append(index[Task(e.src, False, m)])
+            dst.append(index[Task(e.dst, False, m)])
+            cost.append(c)
+            if implied_backward:
+                src.append(index[Task(e.dst, True, m)])
+                dst.append(index[Task(e.src, True, m)])
+                cost.append(c)
+        if implied_backward:
+            for op in graph.ops:
+                src.append(index[Task(op.id, False, m)])
+                dst.append(index[Task(op.id, True, m)])
+                cost.append(0.0)
+
+    edge_src = np.asarray(src, dtype=np.int64)
+    edge_dst = np.asarray(dst, dtype=np.int64)
+    edge_cost = np.asarray(cost, dtype=np.float64)
+    send = np.zeros(len(tasks))
+    if len(edge_src):
+        np.maximum.at(send, edge_src, edge_cost)
+    return TaskGraph(
+        graph=graph, tasks=tuple(tasks), duration_s=np.asarray(duration),
+        group=np.asarray(group, dtype=np.int64), group_ops=group_ops,
+        edge_src=edge_src, edge_dst=edge_dst, edge_transfer_s=edge_cost,
+        send_s=send, num_micro_batches=k,
+    )
