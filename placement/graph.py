@@ -49,6 +49,9 @@ class Op:
     transfer_s: float | None = None
     """Explicit time to move this op's output to another device (the peer format's
     edge `cost`); None means latency + bytes / bandwidth of the link."""
+    attrs: Mapping[str, object] = field(default_factory=dict)
+    """Plain JSON data about the op for planners that need it, e.g. `layer_kind`
+    ('conv2d', 'linear', 'lstm', ...), `output_shape`, `forward_flops`, `module`."""
 
     def time_s(self, kind: str, backward: bool = False) -> float:
         times = self.backward_s if backward else self.forward_s

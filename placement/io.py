@@ -71,6 +71,7 @@ def graph_to_dict(graph: OpGraph) -> dict[str, Any]:
                 "activation_bytes": op.activation_bytes,
                 "colocation": op.colocation,
                 "transfer_s": op.transfer_s,
+                "attrs": dict(op.attrs),
             }
             for op in graph.ops
         ],
@@ -133,6 +134,7 @@ def graph_from_dict(data: Mapping[str, Any], default_name: str = "graph") -> OpG
                                      f"{what} activation_bytes"),
             colocation=None if rec.get("colocation") is None else str(rec["colocation"]),
             transfer_s=_optional_number(rec.get("transfer_s"), f"{what} transfer_s"),
+            attrs=dict(rec.get("attrs") or {}),
         ))
     edges = []
     for i, rec in enumerate(_field(data, "edges", "graph")):
