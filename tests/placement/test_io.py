@@ -1,0 +1,52 @@
+import json
+
+import pytest
+
+from placement.graph import GraphError
+from placement.io import graph_to_dict, load_graph, save_graph
+from tests.conftest import REPO
+
+
+def test_round_trip_of_our_format(tmp_path):
+    g = load_graph(REPO / "examples" / "branchy.json")
+    save_graph(g, tmp_path / "g.json")
+    again = load_graph(tmp_path / "g.json")
+    assert again == g
+    assert graph_to_dict(again) == graph_to_dict(g)
+
+
+def test_peer_import_keeps_ids_units_and_colour_classes(peer_graphs):
+    g = load_graph(peer_graphs / "bert24_training.json")
+    raw = json.loads((peer_graphs / "bert24_training.json").read_text())
+    assert {op.id for op in g.ops} == {n["id"] for n in raw["nodes"]}
+    assert len(g.edges) == len(raw["edges"])
+    assert g.time_unit == "peer" and g.metadata["num_devices"] == 6
+    node3 = g.op(3)
+    assert node3.forward_s == {"any": 0.696}
+    assert node3.colocation == g.op(34).colocation  # node3 and node3grad share colour 3
+    assert g.op(34).is_backward and not node3.is_backward
+    costs = {e["cost"] for e in raw["edges"] if e["sourceId"] == 3}
+    assert node3.transfer_s == max(costs)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON"),
+    ('{"a": 1}', "neither our op-graph format"),
+    ('{"format": "hybrid-orchestrator.op-graph", "version": 9, "ops": [], "edges": []}',
+     "version 9 is not supported"),
+    ('{"format": "hybrid-orchestrator.op-graph", "version": 1, "ops": [{"id": 0}], '
+     '"edges": []}', "op 0 has no 'forward_s'"),
+    ('{"format": "hybrid-orchestrator.op-graph", "version": 1, '
+     '"ops": [{"id": 0, "forward_s": "fast"}], "edges": []}', "forward_s must be a number"),
+])
+def test_malformed_files_name_the_problem(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(GraphError, match=message) as err:
+        load_graph(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_file():
+    with pytest.raises(GraphError, match="no such graph file"):
+        load_graph("/nonexistent/graph.json")

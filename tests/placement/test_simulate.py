@@ -1,0 +1,143 @@
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.cluster import Link
+from placement.graph import Edge, Op, OpGraph
+from placement.io import load_graph, load_peer_split
+from placement.simulate import (
+    OrderError,
+    device_loads,
+    evaluate_order,
+    list_schedule,
+    max_load,
+    max_load_lower_bound,
+    step_time_lower_bound,
+)
+from placement.tasks import build_tasks
+from tests.placement.helpers import chain_graph, dag
+
+UNIT_LINK = Link(latency_s=0.0, bandwidth_bytes_per_s=1.0)
+
+
+def tasks(graph, k=1, training=True):
+    return build_tasks(graph, link=UNIT_LINK, device_kind="any", num_micro_batches=k,
+                       training=training)
+
+
+def place(tg, assignment):
+    return tg.group_devices(assignment)
+
+
+def test_chain_split_by_hand():
+    tg = tasks(chain_graph([1.0, 2.0, 3.0], cost=0.5))
+    gd = place(tg, {0: 0, 1: 1, 2: 1})
+    assert list_schedule(tg, gd, 2).step_time_s == pytest.approx(1 + 0.5 + 2 + 3)
+    assert device_loads(tg, gd, 2).tolist() == pytest.approx([1 + 0.5, 5 + 0.5])
+
+
+def test_fork_pays_send_once_and_receive_once_per_device():
+    g = dag([1.0, 2.0, 2.0], [(0, 1), (0, 2)], cost=1.0)
+    tg = tasks(g)
+    spread = place(tg, {0: 0, 1: 1, 2: 2})
+    assert device_loads(tg, spread, 3).tolist() == pytest.approx([2.0, 3.0, 3.0])
+    assert list_schedule(tg, spread, 3).step_time_s == pytest.approx(4.0)
+    paired = place(tg, {0: 0, 1: 1, 2: 1})
+    assert device_loads(tg, paired, 2).tolist() == pytest.approx([2.0, 5.0])
+    assert list_schedule(tg, paired, 2).step_time_s == pytest.approx(6.0)
+
+
+def test_implied_backward_runs_on_the_forward_device_in_reverse():
+    g = OpGraph(ops=(Op(id=0, name="a", forward_s={"any": 1.0}, backward_s={"any": 2.0}),
+                     Op(id=1, name="b", forward_s={"any": 2.0}, backward_s={"any": 4.0})),
+                edges=(Edge(src=0, dst=1, bytes=1.0),))
+    tg = tasks(g)
+    assert tg.num_tasks == 4
+    one = place(tg, {0: 0, 1: 0})
+    assert list_schedule(tg, one, 1).step_time_s == pytest.approx(9.0)
+    # f0 [0,1], send 1 -> f1 [2,4], b1 [4,8], gradient back 1 -> b0 [9,11]
+    split = place(tg, {0: 0, 1: 1})
+    assert list_schedule(tg, split, 2).step_time_s == pytest.approx(11.0)
+    assert tasks(g, training=False).num_tasks == 2
+
+
+def test_micro_batches_pipeline():
+    tg = tasks(chain_graph([2.0, 2.0], cost=0.0), k=2)
+    gd = place(tg, {0: 0, 1: 1})
+    assert list_schedule(tg, gd, 2).step_time_s == pytest.approx(3.0)
+    assert max_load(tg, gd, 2) == pytest.approx(2.0)
+
+
+def test_an_order_against_the_edges_is_refused():
+    tg = tasks(dag([1.0, 1.0, 1.0, 1.0], [(0, 1), (2, 3)], cost=0.0))
+    gd = place(tg, {0: 0, 3: 0, 1: 1, 2: 1})
+    # device 0 runs op3 before op0 while device 1 runs op1 before op2: a deadlock
+    with pytest.raises(OrderError, match="deadlock"):
+        evaluate_order(tg, gd, [[3, 0], [1, 2]])
+    with pytest.raises(OrderError, match="leaves out"):
+        evaluate_order(tg, gd, [[0], [1, 2]])
+
+
+@pytest.mark.parametrize("name, expected", [("gnmt_training", 137.154),
+                                            ("bert24_training", 49.4049)])
+def test_expert_splits_match_the_peer_figures(peer_graphs, name, expected):
+    g = load_graph(peer_graphs / f"{name}.json")
+    tg = tasks(g)
+    split = load_peer_split(peer_graphs / "expert-splits" / f"{name}_expert.json")
+    assert max_load(tg, place(tg, split), 6) == pytest.approx(expected, abs=5e-4)
+
+
+def brute_device_loads(tg, gd, k):
+    """Max-load straight from its definition, one task at a time."""
+    dev = gd[tg.group]
+    loads = [0.0] * k
+    for t in range(tg.num_tasks):
+        loads[dev[t]] += tg.duration_s[t]
+        receivers = {dev[d] for d, _ in tg.successors[t]} - {dev[t]}
+        if receivers:
+            loads[dev[t]] += tg.send_s[t]
+            for r in receivers:
+                loads[r] += tg.send_s[t]
+    return loads
+
+
+@st.composite
+def random_dags(draw, max_ops=8):
+    n = draw(st.integers(2, max_ops))
+    times = draw(st.lists(st.floats(0.0, 5.0), min_size=n, max_size=n))
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    edges = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=2 * n))
+    costs = draw(st.lists(st.floats(0.0, 3.0), min_size=n, max_size=n))
+    ops = tuple(Op(id=i, name=f"op{i}", forward_s={"any": times[i]},
+                   backward_s={"any": times[i] / 2}, output_bytes=costs[i])
+                for i in range(n))
+    return OpGraph(ops=ops, edges=tuple(Edge(src=s, dst=d, bytes=costs[s]) for s, d in edges))
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.randoms())
+def test_schedules_are_feasible_and_bounded(graph, k, micro, rnd):
+    tg = tasks(graph, k=micro)
+    gd = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    sched = list_schedule(tg, gd, k)
+    dev = sched.device
+    for s, d, c in zip(tg.edge_src, tg.edge_dst, tg.edge_transfer_s):
+        delay = c if dev[s] != dev[d] else 0.0
+        assert sched.start_s[d] >= sched.finish_s[s] + delay - 1e-9
+    for order in sched.order:
+        for a, b in itertools.pairwise(order):
+            assert sched.start_s[b] >= sched.finish_s[a] - 1e-9
+    assert sched.step_time_s >= step_time_lower_bound(tg, k) - 1e-9
+    assert device_loads(tg, gd, k).tolist() == pytest.approx(brute_device_loads(tg, gd, k))
+    assert max_load(tg, gd, k) >= max_load_lower_bound(tg, k) - 1e-9
+    again = evaluate_order(tg, gd, sched.order)
+    assert again.step_time_s == pytest.approx(sched.step_time_s)
+
+
+def test_single_device_step_is_the_total_work():
+    g = dag([1.0, 2.0, 3.0, 4.0], [(0, 1), (0, 2), (1, 3), (2, 3)], cost=5.0)
+    tg = tasks(g)
+    assert list_schedule(tg, np.zeros(tg.num_groups, dtype=int), 1).step_time_s == 10.0
