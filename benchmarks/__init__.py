@@ -1,0 +1,1 @@
+"""`make bench`: speed and quality figures, printed and recorded in docs/benchmarks.md."""
