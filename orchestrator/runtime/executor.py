@@ -1,0 +1,287 @@
+"""Runs one training step of an fx-traced model under a plan: each device executes its
+tasks (op forward or backward, per micro-batch) in the plan's order on its own thread.
+
+Why a hand-written executor: PyTorch's pipeline APIs (torch.distributed.pipelining)
+split a model into sequential stages with fixed schedules; a DLPlacer plan places
+arbitrary ops of a DAG on devices with a per-device order, which is what this runs.
+
+Every op boundary is an autograd boundary: an op's inputs from other ops are detached
+leaves, so the backward of each op is a separate `torch.autograd.backward` call on its
+device's thread, fed with the gradients its consumers produced. That is exactly the task
+graph the simulator schedules (placement/tasks.py), so the plan's predicted step time
+describes what runs here, and on a CPU host the devices' backwards run concurrently
+(the autograd engine would otherwise run all CPU backward work on one thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_map
+
+from placement.errors import UserError
+
+
+class PlanMismatchError(UserError):
+    """A plan whose ops do not match the model's traced graph."""
+
+
+@dataclass(frozen=True)
+class OpPartition:
+    """An fx GraphModule and, per op id, the names of the fx nodes the op runs (in
+    graph order). Placeholders, get_attr and output nodes may be left unassigned: batch
+    inputs and parameters are fetched by whichever op reads them."""
+
+    module: fx.GraphModule
+    op_nodes: Mapping[int, Sequence[str]]
+
+
+def _is_free(node: fx.Node) -> bool:
+    return node.op in ("placeholder", "get_attr", "output")
+
+
+class _Failed(Exception):
+    """Raised in waiting threads once another device's task has failed."""
+
+
+class PlanExecutor:
+    """Executes steps of `partition.module` placed by `assignment` and `order`."""
+
+    def __init__(self, partition: OpPartition, assignment: Mapping[int, int],
+                 order: Sequence[Sequence[tuple[int, str, int]]],
+                 devices: Sequence[torch.device], *, num_micro_batches: int,
+                 autocast_dtype: torch.dtype | None = None) -> None:
+        self.gm = partition.module
+        self.devices = list(devices)
+        self.num_micro_batches = num_micro_batches
+        self.autocast_dtype = autocast_dtype
+        self.assignment = dict(assignment)
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+        self.op_of_node: dict[str, int] = {}
+        for op, names in partition.op_nodes.items():
+            for name in names:
+                if name not in nodes:
+                    raise PlanMismatchError(f"op {op} names fx node {name!r}, which the "
+                                            "model's graph lacks: re-profile the model")
+                self.op_of_node[name] = op
+        self.op_nodes = {op: [nodes[n] for n in names]
+                         for op, names in partition.op_nodes.items()}
+        self._check_plan(order)
+        self.order = [[(int(o), phase == "backward", int(m)) for o, phase, m in tasks]
+                      for tasks in order]
+        self.output_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        # Producer op -> its nodes read by other ops (values that cross an op boundary).
+        self.exported: dict[int, list[fx.Node]] = {op: [] for op in self.op_nodes}
+        for op, op_nodes in self.op_nodes.items():
+            for node in op_nodes:
+                if any(self.op_of_node.get(u.name) != op for u in node.users
+                       if u.op != "output") or self.output_node in node.users:
+                    self.exported[op].append(node)
+
+    def _check_plan(self, order: Sequence[Sequence[tuple[int, str, int]]]) -> None:
+        unplaced = set(self.op_nodes) - set(self.assignment)
+        extra = set(self.assignment) - set(self.op_nodes)
+        if unplaced or extra:
+            bad = sorted(unplaced or extra)[:5]
+            what = "places no device for" if unplaced else "places ops the model lacks:"
+            raise PlanMismatchError(f"the plan {what} op(s) {bad}: make the plan from this "
+                                    "model's profiled graph (orchestrator profile, then plan)")
+        if max(self.assignment.values()) >= len(self.devices):
+            raise PlanMismatchError(
+                f"the plan uses {max(self.assignment.values()) + 1} devices but the worker "
+                f"has {len(self.devices)}: plan with --devices {len(self.devices)}")
+        for device, tasks in enumerate(order):
+            for op, _phase, _m in tasks:
+                if self.assignment.get(int(op)) != device:
+                    raise PlanMismatchError(f"the plan orders op {op} on device {device} "
+                                            "but assigns it elsewhere: the plan is corrupt")
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self, batch: Sequence[torch.Tensor], batch_size: int) -> float:
+        """Forward and backward of one batch: accumulates parameter gradients (scaled so
+        that they are those of the batch's mean loss) and returns that mean loss."""
+        k = self.num_micro_batches
+        if batch_size % k:
+            raise UserError(f"per-worker batch {batch_size} does not split into {k} "
+                            f"micro-batches: use a multiple of {k}")
+        micro = [self._split(t, batch_size, k) for t in batch]
+        state = _StepState(self, [[m[i] for m in micro] for i in range(k)])
+        threads = [threading.Thread(target=state.run_device, args=(d,), daemon=True,
+                                    name=f"device-{d}")
+                   for d in range(len(self.devices)) if self.order[d]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if state.error is not None:
+            raise state.error
+        return sum(state.losses) / k
+
+    @staticmethod
+    def _split(t: torch.Tensor, batch_size: int, k: int) -> list[torch.Tensor]:
+        # Tensors without a batch dimension (e.g. BigLSTM's shared softmax samples) go
+        # whole to every micro-batch.
+        if t.dim() and t.shape[0] == batch_size:
+            return list(t.chunk(k, dim=0))
+        return [t] * k
+
+
+class _StepState:
+    """Values, gradients and completion events of the tasks of one step."""
+
+    def __init__(self, ex: PlanExecutor, micro_batches: list[list[torch.Tensor]]):
+        self.ex = ex
+        self.inputs = micro_batches
+        k = ex.num_micro_batches
+        self.done = {(op, bwd, m): threading.Event()
+                     for op in ex.op_nodes for bwd in (False, True) for m in range(k)}
+        self.values: list[dict[str, object]] = [{} for _ in range(k)]
+        # (consumer op, micro-batch) -> {producer node name: detached leaf}
+        self.leaves: dict[tuple[int, int], dict[str, object]] = {}
+        self.losses = [0.0] * k
+        self.error: BaseException | None = None
+
+    def run_device(self, d: int) -> None:
+        ex = self.ex
+        device = ex.devices[d]
+        stream_ctx = (torch.cuda.stream(torch.cuda.Stream(device))
+                      if device.type == "cuda" else nullcontext())
+        try:
+            with stream_ctx:
+                for op, backward, m in ex.order[d]:
+                    if backward:
+                        self._backward(op, m, device)
+                    else:
+                        self._forward(op, m, device)
+                    if device.type == "cuda":
+                        torch.cuda.current_stream(device).synchronize()
+                    self.done[(op, backward, m)].set()
+        except _Failed:
+            return
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            self.error = err
+            for event in self.done.values():
+                event.set()
+
+    def _wait(self, key: tuple[int, bool, int]) -> None:
+        self.done[key].wait()
+        if self.error is not None:
+            raise _Failed
+
+    def _fetch(self, node: fx.Node, op: int, m: int, device: torch.device):
+        ex = self.ex
+        if node.op == "placeholder":
+            value = self.inputs[m][ex.placeholders.index(node)]
+            return value.to(device) if isinstance(value, torch.Tensor) else value
+        if node.op == "get_attr":
+            return _get_attr(ex.gm, node.target)
+        producer = ex.op_of_node[node.name]
+        if producer == op:
+            return self.values[m][node.name]
+        leaves = self.leaves.setdefault((op, m), {})
+        if node.name not in leaves:
+            self._wait((producer, False, m))
+            leaves[node.name] = tree_map(lambda v: _detach_to(v, device),
+                                         self.values[m][node.name])
+        return leaves[node.name]
+
+    def _forward(self, op: int, m: int, device: torch.device) -> None:
+        ex = self.ex
+        autocast = (torch.autocast(device.type, dtype=ex.autocast_dtype)
+                    if ex.autocast_dtype is not None else nullcontext())
+        with autocast:
+            for node in ex.op_nodes[op]:
+                if node.op in ("placeholder", "get_attr"):
+                    self.values[m][node.name] = self._fetch(node, op, m, device)
+                    continue
+                args = fx.node.map_arg(node.args, lambda n: self._fetch(n, op, m, device))
+                kwargs = fx.node.map_arg(node.kwargs, lambda n: self._fetch(n, op, m, device))
+                self.values[m][node.name] = _call(ex.gm, node, args, kwargs)
+        loss_arg = ex.output_node.args[0]
+        if isinstance(loss_arg, fx.Node) and ex.op_of_node.get(loss_arg.name) == op:
+            self.losses[m] = float(self.values[m][loss_arg.name].detach())
+
+    def _backward(self, op: int, m: int, device: torch.device) -> None:
+        ex = self.ex
+        tensors, grads = [], []
+        for node in ex.exported[op]:
+            total = None
+            for user in node.users:
+                if user is ex.output_node:
+                    total = _add(total, torch.full_like(self.values[m][node.name],
+                                                        1.0 / ex.num_micro_batches))
+                    continue
+                consumer = ex.op_of_node.get(user.name)
+                if consumer is None or consumer == op:
+                    continue
+                self._wait((consumer, True, m))
+                leaf = self.leaves.get((consumer, m), {}).get(node.name)
+                total = _add(total, _grads_of(leaf, device))
+            if total is None:
+                continue
+            for out, g in zip(_flat(self.values[m][node.name]), _flat(total)):
+                if isinstance(out, torch.Tensor) and out.requires_grad and g is not None:
+                    tensors.append(out)
+                    grads.append(g.to(out.dtype))
+        if tensors:
+            torch.autograd.backward(tensors, grads)
+
+
+def _get_attr(gm: fx.GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _call(gm: fx.GraphModule, node: fx.Node, args, kwargs):
+    if node.op == "call_module":
+        return gm.get_submodule(node.target)(*args, **kwargs)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    raise AssertionError(f"unexpected fx node kind {node.op}")
+
+
+def _detach_to(value, device: torch.device):
+    if not isinstance(value, torch.Tensor):
+        return value
+    leaf = value.detach().to(device)
+    if leaf.is_floating_point():
+        leaf.requires_grad_(value.requires_grad)
+    return leaf
+
+
+def _grads_of(leaf, device: torch.device):
+    """The gradient a consumer left on its detached copy of a value (tuples too)."""
+    if isinstance(leaf, torch.Tensor):
+        return None if leaf.grad is None else leaf.grad.to(device)
+    if isinstance(leaf, (tuple, list)):
+        return type(leaf)(_grads_of(v, device) for v in leaf)
+    return None
+
+
+def _add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, torch.Tensor):
+        return a + b
+    return type(a)(_add(x, y) for x, y in zip(a, b))
+
+
+
+def _flat(value) -> list:
+    """Leaves of nested tuples/lists, Nones kept (so values and gradients align)."""
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _flat(v)]
+    return [value]

@@ -1,0 +1,78 @@
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import fx, nn
+
+from orchestrator.runtime.executor import OpPartition, PlanExecutor, PlanMismatchError
+from placement.cluster import preset
+from placement.graph import Edge, Op, OpGraph
+from placement.planner import PlanConfig, plan
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(6, 8)
+        self.left = nn.Linear(8, 8)
+        self.right = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        h = torch.relu(self.stem(x))
+        out = self.head(torch.cat([self.left(h), self.right(h)], dim=1))
+        return nn.functional.cross_entropy(out, y)
+
+
+def one_op_per_node(gm):
+    compute = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    return {i: [n.name] for i, n in enumerate(compute)}
+
+
+def unit_graph(gm, op_nodes):
+    op_of = {name: op for op, names in op_nodes.items() for name in names}
+    edges = {(op_of[a.name], op_of[n.name]) for n in gm.graph.nodes if n.name in op_of
+             for a in n.all_input_nodes if a.name in op_of and op_of[a.name] != op_of[n.name]}
+    ops = tuple(Op(id=i, name=str(i), forward_s={"cpu": 1.0}, backward_s={"cpu": 1.0},
+                   output_bytes=1e3) for i in op_nodes)
+    return OpGraph(ops=ops, edges=tuple(Edge(src=s, dst=d, bytes=1e3) for s, d in edges))
+
+
+def reference(model, batch):
+    model = copy.deepcopy(model)
+    loss = model(*batch)
+    loss.backward()
+    return loss.item(), {k: p.grad for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("num_devices, micro", [(1, 1), (2, 1), (2, 4), (3, 2)])
+def test_plan_execution_matches_plain_autograd(num_devices, micro):
+    torch.manual_seed(0)
+    model = Branchy()
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    expected_loss, expected_grads = reference(model, batch)
+
+    gm = fx.symbolic_trace(copy.deepcopy(model))
+    op_nodes = one_op_per_node(gm)
+    four_cores = dataclasses.replace(preset("cpu"), devices_per_node=4)
+    p = plan(unit_graph(gm, op_nodes), four_cores,
+             PlanConfig(num_devices=num_devices, num_micro_batches=micro))
+    assert len(set(p.assignment.values())) == num_devices or num_devices == 1
+    ex = PlanExecutor(OpPartition(gm, op_nodes), p.assignment, p.order,
+                      [torch.device("cpu")] * num_devices, num_micro_batches=micro)
+    loss = ex.step(batch, batch_size=8)
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    for name, param in gm.named_parameters():
+        torch.testing.assert_close(param.grad, expected_grads[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_plan_for_another_model_is_refused():
+    gm = fx.symbolic_trace(Branchy())
+    op_nodes = one_op_per_node(gm)
+    with pytest.raises(PlanMismatchError, match="places no device for"):
+        PlanExecutor(OpPartition(gm, op_nodes), {0: 0}, [[(0, "forward", 0)]],
+                     [torch.device("cpu")], num_micro_batches=1)
+    with pytest.raises(PlanMismatchError, match="lacks"):
+        PlanExecutor(OpPartition(gm, {0: ["conv_that_is_not_there"]}), {0: 0}, [[]],
+                     [torch.device("cpu")], num_micro_batches=1)
