@@ -73,9 +73,9 @@ def _encode(words: list[str], vocab: dict[str, int], length: int) -> list[int]:
 
 
 class LM1BDataset(torch.utils.data.Dataset):
-    """Sample i = sentence i of the training files (sorted), as `<S> words </S>` cut or
-    padded to `seq_len + 1` tokens. Returns (inputs [T], targets [T]); padded targets
-    are IGNORE_INDEX."""
+    """Sample i = the `seq_len + 1` tokens that start with sentence i of the training
+    files (sorted) and run on through the sentences after it, each as `<S> words </S>`
+    (the packed streams BigLSTM trains on: no padding). Returns (inputs [T], targets [T])."""
 
     def __init__(self, root: str | Path, seq_len: int):
         root = Path(root)
@@ -98,13 +98,14 @@ class LM1BDataset(torch.utils.data.Dataset):
         return len(self.lines)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        words = [BOS, *self.lines.line(i).split(), EOS]
-        ids = _encode(words, self.vocab, self.seq_len + 1)
-        tokens = torch.full((self.seq_len + 1,), self.vocab[EOS], dtype=torch.long)
-        tokens[:len(ids)] = torch.tensor(ids)
-        targets = tokens[1:].clone()
-        targets[len(ids) - 1:] = IGNORE_INDEX
-        return tokens[:-1], targets
+        ids: list[int] = []
+        line = i
+        while len(ids) < self.seq_len + 1:
+            words = [BOS, *self.lines.line(line % len(self.lines)).split(), EOS]
+            ids += _encode(words, self.vocab, self.seq_len + 1 - len(ids))
+            line += 1
+        tokens = torch.tensor(ids, dtype=torch.long)
+        return tokens[:-1], tokens[1:]
 
 
 class ParallelTextDataset(torch.utils.data.Dataset):

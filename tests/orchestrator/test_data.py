@@ -7,7 +7,6 @@ from orchestrator.data.common import DataError, GlobalBatchSampler
 from orchestrator.data.images import ImageFolderDataset
 from orchestrator.data.synthetic import write_images, write_lm1b, write_wmt
 from orchestrator.data.text import (
-    IGNORE_INDEX,
     LM1B_TRAIN_DIR,
     WMT_PREFIX,
     LM1BDataset,
@@ -45,8 +44,11 @@ def test_lm1b_layout_round_trip(tmp_path):
     inputs, targets = ds[3]
     assert inputs.shape == targets.shape == (12,)
     assert inputs[0] == ds.vocab["<S>"]
-    valid = targets != IGNORE_INDEX
-    assert torch.equal(targets[valid][:-1], inputs[1:][valid[1:]][:valid.sum() - 1])
+    assert torch.equal(targets[:-1], inputs[1:])
+    sentence = ds.lines.line(3).split()
+    assert [ds.vocab[w] for w in sentence[:11]] == inputs[1:1 + len(sentence)].tolist()[:11]
+    last, _ = ds[len(ds) - 1]  # the final sentence wraps around to the first
+    assert last.shape == (12,)
 
 
 def test_parallel_text(tmp_path):
