@@ -35,7 +35,9 @@ class PlanMismatchError(UserError):
 class OpPartition:
     """An fx GraphModule and, per op id, the names of the fx nodes the op runs (in
     graph order). Placeholders, get_attr and output nodes may be left unassigned: batch
-    inputs and parameters are fetched by whichever op reads them."""
+    inputs and parameters are fetched by whichever op reads them. Any other unassigned
+    node is *prologue*: computed from the inputs alone (no gradient), once per
+    micro-batch, by whichever op needs it first."""
 
     module: fx.GraphModule
     op_nodes: Mapping[int, Sequence[str]]
@@ -145,6 +147,8 @@ class _StepState:
         self.values: list[dict[str, object]] = [{} for _ in range(k)]
         # (consumer op, micro-batch) -> {producer node name: detached leaf}
         self.leaves: dict[tuple[int, int], dict[str, object]] = {}
+        self.prologue: list[dict[str, object]] = [{} for _ in range(k)]
+        self.prologue_lock = threading.RLock()
         self.losses = [0.0] * k
         self.error: BaseException | None = None
 
@@ -182,7 +186,9 @@ class _StepState:
             return value.to(device) if isinstance(value, torch.Tensor) else value
         if node.op == "get_attr":
             return _get_attr(ex.gm, node.target)
-        producer = ex.op_of_node[node.name]
+        producer = ex.op_of_node.get(node.name)
+        if producer is None:
+            return self._prologue(node, m, device)
         if producer == op:
             return self.values[m][node.name]
         leaves = self.leaves.setdefault((op, m), {})
@@ -191,6 +197,17 @@ class _StepState:
             leaves[node.name] = tree_map(lambda v: _detach_to(v, device),
                                          self.values[m][node.name])
         return leaves[node.name]
+
+    def _prologue(self, node: fx.Node, m: int, device: torch.device):
+        with self.prologue_lock:
+            if node.name not in self.prologue[m]:
+                fetch = lambda n: self._fetch(n, -1, m, device)  # noqa: E731
+                with torch.no_grad():
+                    self.prologue[m][node.name] = _call(
+                        self.ex.gm, node, fx.node.map_arg(node.args, fetch),
+                        fx.node.map_arg(node.kwargs, fetch))
+            return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
+                            self.prologue[m][node.name])
 
     def _forward(self, op: int, m: int, device: torch.device) -> None:
         ex = self.ex

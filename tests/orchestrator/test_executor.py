@@ -25,8 +25,29 @@ class Branchy(nn.Module):
         return nn.functional.cross_entropy(out, y)
 
 
+class WeightedBranchy(Branchy):
+    """Its sample weights depend on the inputs alone: prologue nodes of the partition."""
+
+    def forward(self, x, y):
+        weights = (y.float() + 1.0) / 3.0
+        h = torch.relu(self.stem(x))
+        out = self.head(torch.cat([self.left(h), self.right(h)], dim=1))
+        losses = nn.functional.cross_entropy(out, y, reduction="none")
+        return (losses * weights).mean()
+
+
 def one_op_per_node(gm):
-    compute = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    """Every compute node its own op, except those computed from the inputs alone."""
+    from_inputs = set()
+    compute = []
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "get_attr", "output"):
+            if n.op == "placeholder":
+                from_inputs.add(n.name)
+        elif all(a.name in from_inputs for a in n.all_input_nodes):
+            from_inputs.add(n.name)
+        else:
+            compute.append(n)
     return {i: [n.name] for i, n in enumerate(compute)}
 
 
@@ -46,10 +67,12 @@ def reference(model, batch):
     return loss.item(), {k: p.grad for k, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("num_devices, micro", [(1, 1), (2, 1), (2, 4), (3, 2)])
-def test_plan_execution_matches_plain_autograd(num_devices, micro):
+@pytest.mark.parametrize("model_class, num_devices, micro", [
+    (Branchy, 1, 1), (Branchy, 2, 1), (Branchy, 2, 4), (Branchy, 3, 2),
+    (WeightedBranchy, 2, 2)])
+def test_plan_execution_matches_plain_autograd(model_class, num_devices, micro):
     torch.manual_seed(0)
-    model = Branchy()
+    model = model_class()
     batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
     expected_loss, expected_grads = reference(model, batch)
 
