@@ -44,7 +44,7 @@ def one_op_per_node(gm):
         if n.op in ("placeholder", "get_attr", "output"):
             if n.op == "placeholder":
                 from_inputs.add(n.name)
-        elif all(a.name in from_inputs for a in n.all_input_nodes):
+        elif n.op != "call_module" and all(a.name in from_inputs for a in n.all_input_nodes):
             from_inputs.add(n.name)
         else:
             compute.append(n)
