@@ -1,0 +1,141 @@
+"""The models of the research this project follows, each with presets, and a registry.
+
+`build(name, preset, seq_chunk=None, device=None) -> ModelSpec`. A spec's `module` takes
+a whole batch and returns the scalar training loss (`module(*spec.make_batch(b))`), so a
+traced graph contains the loss too and a step is fully described by one module. Models:
+
+- `biglstm`: Jozefowicz et al. 2016, 2-layer LSTM-8192-1024, sampled softmax.
+- `gnmt`: Wu et al. 2016 / GNMT v2, 4+4 layers of 1024, attention, 32k vocabulary.
+- `inception_v3`: Szegedy et al. 2016, 299x299, 1000 classes, auxiliary head.
+- `vgg16`: Simonyan & Zisserman 2015, configuration D.
+
+Presets: `paper` (as published) and `tiny` (a forward and backward in well under a
+second on one CPU core, for tests). A model of your own: `"my_pkg.my_mod:build_fn"`,
+where `build_fn(preset)` returns a `ModelSpec`, or `(module, make_batch)` with
+`module(*batch)` returning the loss, or `(module, make_batch, loss_fn)` with the loss
+`loss_fn(module(*batch[:-1]), batch[-1])`; `make_batch(batch_size)` returns a tuple of
+tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from orchestrator.models import biglstm, gnmt, inception, vgg
+from placement.errors import UserError
+
+#: Default batch of a user model built from a bare (module, make_batch) pair.
+DEFAULT_USER_BATCH = 8
+
+
+class UnknownModelError(UserError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    preset: str
+    module: nn.Module
+    """forward(*batch) -> scalar loss of the step."""
+    make_batch: Callable[..., tuple[torch.Tensor, ...]]
+    """make_batch(batch_size, *, device='cpu', seed=0) -> the step's input tensors."""
+    batch: int
+    """The preset's batch (samples per step)."""
+    seq_chunk: int | None = None
+    """Time steps per op for recurrent models; None for the others."""
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"model {self.name}: batch={self.batch} must be >= 1")
+
+
+_MODELS = {
+    "biglstm": (biglstm.PRESETS, biglstm.BigLSTM, biglstm.make_batch),
+    "gnmt": (gnmt.PRESETS, gnmt.GNMT, gnmt.make_batch),
+    "inception_v3": (inception.PRESETS, inception.InceptionV3, inception.make_batch),
+    "vgg16": (vgg.PRESETS, vgg.VGG16, vgg.make_batch),
+}
+
+MODEL_NAMES = tuple(_MODELS)
+PRESET_NAMES = ("paper", "tiny")
+
+
+def build(name: str, preset: str = "tiny", *, seq_chunk: int | None = None,
+          device: str | torch.device | None = None, seed: int = 0) -> ModelSpec:
+    """Build a model (weights initialised from `seed`) on `device` ('meta': no memory)."""
+    if ":" in name:
+        return _build_user(name, preset, device, seed)
+    if name not in _MODELS:
+        raise UnknownModelError(
+            f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}, or give "
+            "MODULE:FUNCTION for a model of your own")
+    presets, cls, make_batch = _MODELS[name]
+    if preset not in presets:
+        raise UnknownModelError(
+            f"model {name} has no preset {preset!r}: choose one of {', '.join(presets)}")
+    cfg = presets[preset]
+    if seq_chunk is not None:
+        if not hasattr(cfg, "seq_chunk"):
+            raise UserError(f"--seq-chunk applies to recurrent models only; {name} has no "
+                            "time steps: leave it out")
+        if seq_chunk < 1:
+            raise UserError(f"--seq-chunk {seq_chunk} must be >= 1 time step")
+        cfg = dataclasses.replace(cfg, seq_chunk=seq_chunk)
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        module = cls(cfg)
+
+    def batch_fn(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
+        return make_batch(cfg, batch, device=device, seed=seed)
+
+    return ModelSpec(name=name, preset=preset, module=module, make_batch=batch_fn,
+                     batch=cfg.batch, seq_chunk=getattr(cfg, "seq_chunk", None))
+
+
+class WithLoss(nn.Module):
+    """A user's (module, loss_fn) pair as one module returning the loss; the last batch
+    tensor is the target."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model(*batch[:-1]), batch[-1])
+
+
+def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
+    module_name, _, fn_name = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as err:
+        raise UnknownModelError(
+            f"cannot load model builder {ref!r} ({err}): give MODULE:FUNCTION of an "
+            f"importable function, or one of {', '.join(MODEL_NAMES)}") from None
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        built = fn(preset) if inspect.signature(fn).parameters else fn()
+    if isinstance(built, ModelSpec):
+        return built
+    if not isinstance(built, tuple) or len(built) not in (2, 3):
+        raise UserError(f"{ref} returned {type(built).__name__}: return a ModelSpec, "
+                        "(module, make_batch) or (module, make_batch, loss_fn)")
+    module, user_batch = built[0], built[1]
+    if len(built) == 3:
+        module = WithLoss(module, built[2])
+
+    def batch_fn(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
+        torch.manual_seed(seed)
+        return tuple(t.to(device) for t in user_batch(batch))
+
+    return ModelSpec(name=ref, preset=preset, module=module, make_batch=batch_fn,
+                     batch=DEFAULT_USER_BATCH)

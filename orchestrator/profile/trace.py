@@ -1,0 +1,322 @@
+"""From a module to a partition: the fx graph cut into ops, in the order of our op graph.
+
+Tracing keeps torch.nn layers and the classes registered with
+`orchestrator.models.layers.leaf_module` whole. Every node then falls in one of:
+
+- an *input*: a placeholder (a batch tensor) or a get_attr of something that is not a
+  trainable parameter; available to every op.
+- a *prologue* node: computed from inputs alone (shapes, index arithmetic, sampled ids);
+  it needs no gradient, so the executor computes it once and hands it to every op.
+- a member of exactly one *op*. Every call_module, and every function or method that is
+  not cheap (matmul, cat, losses, pooling, ...), starts a new op (its *anchor*). A cheap
+  node (elementwise, view, getitem, BatchNorm, ReLU) joins the op of its latest producer
+  (the largest op id among its inputs), so ops are created in a topological order and
+  every edge goes from a lower op id to a higher one. A cheap node whose inputs are only
+  parameters and inputs (a parameter's view) joins the smallest op that consumes it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from orchestrator.models.layers import LEAF_MODULES, LSTMLayer
+from placement.errors import UserError
+
+
+class TraceFailure(UserError):
+    pass
+
+
+class _Tracer(fx.Tracer):
+    """fx tracer that keeps registered leaves whole and remembers which module it was
+    inside when tracing failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside: list[tuple[str, str]] = []
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return type(m) in LEAF_MODULES or super().is_leaf_module(m, qualname)
+
+    def call_module(self, m: nn.Module, forward: Callable, args: Any, kwargs: Any) -> Any:
+        self.inside.append((self.path_of_module(m), type(m).__name__))
+        out = super().call_module(m, forward, args, kwargs)
+        self.inside.pop()
+        return out
+
+
+def trace(module: nn.Module, name: str = "model") -> fx.GraphModule:
+    """Symbolically trace `module`; a failure names the module it happened in."""
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(module)
+    except (fx.proxy.TraceError, TypeError, RuntimeError, ValueError,
+            NotImplementedError, AttributeError) as err:
+        path, cls = tracer.inside[-1] if tracer.inside else ("<top level>",
+                                                             type(module).__name__)
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise TraceFailure(
+            f"cannot trace {name}: module {path!r} ({cls}) failed: {reason}; mark "
+            f"{cls} as a leaf (decorate the class with "
+            "@orchestrator.models.layers.leaf_module) so it becomes one op") from None
+    return fx.GraphModule(module, graph, name)
+
+
+#: Functions and methods cheap enough to fuse into the op that produces their input.
+_CHEAP_FUNCTIONS = {
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg,
+    operator.getitem, getattr, torch.add, torch.sub, torch.mul, torch.div, torch.neg,
+    torch.sigmoid, torch.tanh, torch.relu, F.relu, torch.flatten, torch.reshape,
+    torch.squeeze, torch.unsqueeze, torch.transpose, torch.permute, F.dropout,
+}
+_CHEAP_METHODS = {
+    "add", "sub", "mul", "div", "neg", "sigmoid", "tanh", "relu", "view", "reshape",
+    "flatten", "squeeze", "unsqueeze", "transpose", "permute", "contiguous", "t", "size",
+    "expand", "float", "to", "type_as",
+}
+_CHEAP_MODULES = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Tanh, nn.GELU, nn.Dropout,
+                  nn.Identity, nn.Flatten, nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)
+
+_MODULE_KINDS = (
+    (nn.Conv2d, "conv2d"), (nn.Linear, "linear"), (LSTMLayer, "lstm"),
+    (nn.LSTM, "lstm"), (nn.Embedding, "embedding"),
+    ((nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d), "pool"),
+    ((nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm), "norm"),
+    ((nn.Softmax, nn.LogSoftmax), "softmax"),
+    ((nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss), "loss"),
+    (_CHEAP_MODULES, "elementwise"),
+)
+_FUNCTION_KINDS = {
+    F.conv2d: "conv2d", F.linear: "linear", torch.matmul: "linear", torch.mm: "linear",
+    torch.bmm: "linear", operator.matmul: "linear", F.embedding: "embedding",
+    F.max_pool2d: "pool", F.avg_pool2d: "pool", F.adaptive_avg_pool2d: "pool",
+    F.adaptive_max_pool2d: "pool", torch.cat: "concat", torch.stack: "concat",
+    torch.softmax: "softmax", F.softmax: "softmax", F.log_softmax: "softmax",
+    torch.logsumexp: "softmax", F.cross_entropy: "loss", F.nll_loss: "loss",
+    F.mse_loss: "loss", F.batch_norm: "norm", F.layer_norm: "norm",
+}
+
+
+def is_cheap(node: fx.Node, gm: fx.GraphModule) -> bool:
+    if node.op == "call_function":
+        return node.target in _CHEAP_FUNCTIONS
+    if node.op == "call_method":
+        return node.target in _CHEAP_METHODS
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(node.target), _CHEAP_MODULES)
+    return False
+
+
+def layer_kind(node: fx.Node, gm: fx.GraphModule) -> str:
+    """The kind of an op, from its anchor node (the vocabulary of Op.attrs)."""
+    if node.op == "call_module":
+        sub = gm.get_submodule(node.target)
+        for types, kind in _MODULE_KINDS:
+            if isinstance(sub, types):
+                return kind
+        return getattr(sub, "layer_kind", "other")
+    if node.op == "call_function" and node.target in _FUNCTION_KINDS:
+        return _FUNCTION_KINDS[node.target]
+    if node.op == "call_method" and node.target in ("matmul", "mm", "bmm"):
+        return "linear"
+    return "elementwise" if is_cheap(node, gm) else "other"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpNodes:
+    """One op of the partition: its fx nodes and what it exchanges with other ops."""
+
+    id: int
+    name: str
+    module: str
+    """Qualified name of the module the anchor node belongs to ('' for the top)."""
+    kind: str
+    nodes: tuple[str, ...]
+    """fx node names, in graph (= execution) order."""
+    inputs: tuple[str, ...]
+    """Values produced by other ops that this op reads."""
+    outputs: tuple[str, ...]
+    """Values of this op read by other ops, or the loss."""
+    params: tuple[str, ...]
+    """Qualified names of the trainable parameters the op's nodes use."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Partition:
+    """The contract between the profiler and the executor: see `orchestrator.profile`."""
+
+    module: fx.GraphModule
+    placeholders: tuple[str, ...]
+    """Batch tensor names, in the order of `module(*batch)`."""
+    prologue: tuple[str, ...]
+    """Nodes computed from the batch alone, before any op (no gradients)."""
+    ops: tuple[OpNodes, ...]
+    """ops[i].id == i; ids are a topological order of the op graph."""
+    edges: Mapping[tuple[int, int], tuple[str, ...]]
+    """(src op, dst op) -> names of the values flowing along that edge."""
+    loss: str
+    """Name of the node whose value is the step's loss (an output of `loss_op`)."""
+    loss_op: int
+    nodes: Mapping[str, fx.Node] = field(repr=False)
+
+    def inputs_env(self, batch: Iterable[torch.Tensor]) -> dict[str, Any]:
+        """The batch under its placeholder names, plus the prologue computed from it."""
+        env = dict(zip(self.placeholders, batch, strict=True))
+        for name in self.prologue:
+            env[name] = self.eval_node(self.nodes[name], env)
+        return env
+
+    def run_op(self, op_id: int, env: dict[str, Any]) -> None:
+        """Run op `op_id`'s nodes, reading inputs from `env` and writing every value
+        it computes into `env` (its `outputs` among them)."""
+        for name in self.ops[op_id].nodes:
+            env[name] = self.eval_node(self.nodes[name], env)
+
+    def run(self, batch: Iterable[torch.Tensor]) -> torch.Tensor:
+        """Reference execution: every op in id order on one device; returns the loss."""
+        env = self.inputs_env(batch)
+        for op in self.ops:
+            self.run_op(op.id, env)
+        return env[self.loss]
+
+    def eval_node(self, node: fx.Node, env: Mapping[str, Any]) -> Any:
+        if node.op == "get_attr":
+            return _fetch_attr(self.module, node.target)
+
+        def load(n: fx.Node) -> Any:
+            return _fetch_attr(self.module, n.target) if n.op == "get_attr" else env[n.name]
+
+        args = fx.node.map_arg(node.args, load)
+        kwargs = fx.node.map_arg(node.kwargs, load)
+        if node.op == "call_module":
+            return self.module.get_submodule(node.target)(*args, **kwargs)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        raise AssertionError(f"node {node.name} ({node.op}) is not part of any op")
+
+
+def _fetch_attr(module: nn.Module, target: str) -> Any:
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def partition(gm: fx.GraphModule) -> Partition:
+    """Cut a traced module into ops (see the module docstring for the rules)."""
+    params = {name for name, _ in gm.named_parameters()}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+    free = set(placeholders)        # inputs and prologue: no op, no gradient
+    group: dict[str, int] = {}
+    anchors: list[fx.Node] = []
+    deferred: list[fx.Node] = []
+    prologue: list[str] = []
+    output = None
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "output":
+            output = n
+            continue
+        if n.op == "get_attr":
+            if n.target not in params:
+                free.add(n.name)
+            continue
+        inputs = n.all_input_nodes
+        if n.op != "call_module" and all(i.name in free for i in inputs):
+            free.add(n.name)
+            prologue.append(n.name)
+            continue
+        producer_ops = [group[i.name] for i in inputs if i.name in group]
+        if is_cheap(n, gm) and producer_ops:
+            group[n.name] = max(producer_ops)
+        elif is_cheap(n, gm) and n.op != "call_module":
+            deferred.append(n)
+        else:
+            group[n.name] = len(anchors)
+            anchors.append(n)
+    for n in reversed(deferred):
+        consumers = [group[u.name] for u in n.users if u.name in group]
+        assert consumers, f"{n.name} computes from parameters but no op uses it"
+        group[n.name] = min(consumers)
+
+    assert output is not None
+    loss_node = output.args[0]
+    if not isinstance(loss_node, fx.Node) or loss_node.name not in group:
+        raise UserError("the model must return one loss tensor computed from its "
+                        "parameters: make forward(*batch) return the scalar loss")
+    return _assemble(gm, nodes, placeholders, tuple(prologue), group, anchors, params,
+                     loss_node.name)
+
+
+def _assemble(gm, nodes, placeholders, prologue, group, anchors, params,
+              loss: str) -> Partition:
+    num_ops = len(anchors)
+    members: list[list[str]] = [[] for _ in range(num_ops)]
+    for n in gm.graph.nodes:
+        if n.name in group:
+            members[group[n.name]].append(n.name)
+    edges: dict[tuple[int, int], list[str]] = {}
+    inputs: list[list[str]] = [[] for _ in range(num_ops)]
+    outputs: list[list[str]] = [[] for _ in range(num_ops)]
+    for name, g in group.items():
+        readers = sorted({group[u.name] for u in nodes[name].users
+                          if u.name in group and group[u.name] != g})
+        for h in readers:
+            edges.setdefault((g, h), []).append(name)
+            inputs[h].append(name)
+        if readers or name == loss:
+            outputs[g].append(name)
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    call_counts: dict[str, int] = {}
+    for a in anchors:
+        if a.op == "call_module":
+            call_counts[a.target] = call_counts.get(a.target, 0) + 1
+    seen: dict[str, int] = {}
+    ops = []
+    for i, a in enumerate(anchors):
+        module, name = _anchor_names(a, call_counts, seen)
+        ops.append(OpNodes(
+            id=i, name=name, module=module, kind=layer_kind(a, gm),
+            nodes=tuple(members[i]),
+            inputs=tuple(sorted(set(inputs[i]), key=order.__getitem__)),
+            outputs=tuple(sorted(outputs[i], key=order.__getitem__)),
+            params=_op_params(gm, [nodes[m] for m in members[i]], params)))
+    return Partition(module=gm, placeholders=placeholders, prologue=prologue,
+                     ops=tuple(ops),
+                     edges={k: tuple(sorted(v, key=order.__getitem__))
+                            for k, v in sorted(edges.items())},
+                     loss=loss, loss_op=group[loss], nodes=nodes)
+
+
+def _anchor_names(a: fx.Node, call_counts: dict[str, int],
+                  seen: dict[str, int]) -> tuple[str, str]:
+    """(module path, op name): a module called once keeps its path; one called per
+    chunk gets `path[k]` for its k-th call; a function gets `module.path/node`."""
+    if a.op == "call_module":
+        k = seen.get(a.target, 0)
+        seen[a.target] = k + 1
+        return a.target, a.target if call_counts[a.target] == 1 else f"{a.target}[{k}]"
+    stack = a.meta.get("nn_module_stack") or {}
+    path = next(reversed(stack.values()))[0] if stack else ""
+    return path, f"{path}/{a.name}" if path else a.name
+
+
+def _op_params(gm: fx.GraphModule, members: list[fx.Node], params: set[str]) -> tuple[str, ...]:
+    used: list[str] = []
+    for n in members:
+        if n.op == "call_module":
+            used += [f"{n.target}.{p}" for p, _ in gm.get_submodule(n.target).named_parameters()]
+        used += [i.target for i in n.all_input_nodes if i.op == "get_attr" and i.target in params]
+    return tuple(dict.fromkeys(used))
