@@ -16,7 +16,7 @@ describes what runs here, and on a CPU host the devices' backwards run concurren
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -106,18 +106,23 @@ class PlanExecutor:
 
     # -- one step ---------------------------------------------------------------------
 
-    def step(self, batch: Sequence[torch.Tensor], batch_size: int) -> float:
+    def step(self, batch: Sequence[torch.Tensor], batch_size: int,
+             on_device_done: Callable[[int], None] | None = None) -> float:
         """Forward and backward of one batch: accumulates parameter gradients (scaled so
-        that they are those of the batch's mean loss) and returns that mean loss."""
+        that they are those of the batch's mean loss) and returns that mean loss.
+
+        `on_device_done(d)` is called on device d's thread once its last task is done:
+        its gradients are final then, so their allreduce can overlap the other devices'
+        remaining backward work."""
         k = self.num_micro_batches
         if batch_size % k:
             raise UserError(f"per-worker batch {batch_size} does not split into {k} "
                             f"micro-batches: use a multiple of {k}")
         micro = [self._split(t, batch_size, k) for t in batch]
-        state = _StepState(self, [[m[i] for m in micro] for i in range(k)])
+        state = _StepState(self, [[m[i] for m in micro] for i in range(k)], on_device_done)
         threads = [threading.Thread(target=state.run_device, args=(d,), daemon=True,
                                     name=f"device-{d}")
-                   for d in range(len(self.devices)) if self.order[d]]
+                   for d in range(len(self.devices))]
         for t in threads:
             t.start()
         for t in threads:
@@ -138,8 +143,10 @@ class PlanExecutor:
 class _StepState:
     """Values, gradients and completion events of the tasks of one step."""
 
-    def __init__(self, ex: PlanExecutor, micro_batches: list[list[torch.Tensor]]):
+    def __init__(self, ex: PlanExecutor, micro_batches: list[list[torch.Tensor]],
+                 on_device_done: Callable[[int], None] | None):
         self.ex = ex
+        self.on_device_done = on_device_done
         self.inputs = micro_batches
         k = ex.num_micro_batches
         self.done = {(op, bwd, m): threading.Event()
@@ -167,6 +174,8 @@ class _StepState:
                     if device.type == "cuda":
                         torch.cuda.current_stream(device).synchronize()
                     self.done[(op, backward, m)].set()
+            if self.on_device_done is not None:
+                self.on_device_done(d)
         except _Failed:
             return
         except BaseException as err:  # noqa: BLE001 - handed to the caller's thread

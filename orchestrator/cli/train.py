@@ -1,0 +1,71 @@
+"""`orchestrator train`: hybrid DPxMP training of a model on Ray Train."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+from orchestrator.train.config import TrainConfig
+from placement.plan import load_plan
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model with dp workers of mp devices each",
+                       description=__doc__)
+    p.add_argument("--model", required=True, help="biglstm, gnmt, inception_v3 or vgg16")
+    p.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
+    p.add_argument("--dp", type=int, default=1, help="workers (data parallel)")
+    p.add_argument("--mp", type=int, default=1, help="devices per worker (model parallel)")
+    p.add_argument("--micro-batches", type=int, default=1, dest="micro_batches")
+    p.add_argument("--global-batch", type=int, default=None, dest="global_batch",
+                   help="samples per step over all workers (default: the preset's)")
+    p.add_argument("--plan", help="plan JSON from `orchestrator plan` (default: profile "
+                                  "and plan now)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--checkpoint-every", type=int, default=5, dest="checkpoint_every")
+    p.add_argument("--mixed-precision", action="store_true", dest="mixed_precision")
+    p.add_argument("--clip-grad-norm", type=float, default=None, dest="clip_grad_norm")
+    p.add_argument("--data", help="dataset root in the model's layout (default: synthetic)")
+    p.add_argument("--max-failures", type=int, default=1, dest="max_failures")
+    p.add_argument("--gpu", action="store_true", help="workers take GPUs (NCCL)")
+    p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
+                   help="start a local cluster of fake-GPU nodes, e.g. 2x2")
+    p.add_argument("--storage", default=None, help="where checkpoints and results go")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.train.launch import fit, parse_fake_cluster, plan_worker, ray_cluster
+
+    if args.fake_cluster:
+        parse_fake_cluster(args.fake_cluster)
+    cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=args.dp,
+                      mp_degree=args.mp, global_batch=args.global_batch,
+                      num_micro_batches=args.micro_batches, steps=args.steps, lr=args.lr,
+                      checkpoint_every=args.checkpoint_every,
+                      mixed_precision=args.mixed_precision,
+                      clip_grad_norm=args.clip_grad_norm, data=args.data,
+                      use_gpu=args.gpu or bool(args.fake_cluster))
+    worker_plan = load_plan(args.plan) if args.plan else plan_worker(cfg)
+    storage = args.storage or tempfile.mkdtemp(prefix="orchestrator-train-")
+    with ray_cluster(args.fake_cluster):
+        result = fit(cfg, worker_plan, storage=storage,
+                     name=f"train-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}",
+                     max_failures=args.max_failures, fake_gpus=bool(args.fake_cluster))
+    summary = {"losses": result["losses"], "step_times_s": result["step_times_s"],
+               "workers": result["workers"], "plan": {
+                   "solver": worker_plan.solver,
+                   "predicted_step_time_s": worker_plan.step_time}, "storage": storage}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for step, (loss, t) in enumerate(zip(result["losses"], result["step_times_s"]), 1):
+            print(f"step {step:>4}  loss {loss:.4f}  {t * 1000:.1f} ms")
+        for w in result["workers"]:
+            print(f"worker {w['rank']} on node {w['node_id'][:12]}  devices {w['devices']}")
+        print(f"checkpoints and results in {storage}")
+    return 0

@@ -1,0 +1,61 @@
+"""What a training run is asked to do: one frozen, validated record."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from placement.errors import UserError
+
+FAIL_MODES = ("raise", "kill")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: str
+    """A model name of orchestrator.models (biglstm, gnmt, inception_v3, vgg16)."""
+    preset: str = "tiny"
+    dp_degree: int = 1
+    """Workers (data-parallel replicas)."""
+    mp_degree: int = 1
+    """Devices per worker (model-parallel group size)."""
+    global_batch: int | None = None
+    """Samples per optimizer step across all workers; None: the preset's batch."""
+    num_micro_batches: int = 1
+    steps: int = 10
+    """Optimizer steps to run (in total, across restarts)."""
+    lr: float = 0.05
+    """SGD learning rate for the global batch (momentum 0.9)."""
+    seed: int = 0
+    checkpoint_every: int = 5
+    """Report a checkpoint every this many steps (and after the last)."""
+    mixed_precision: bool = False
+    """bf16 autocast of every op's forward."""
+    clip_grad_norm: float | None = None
+    """Clip the global gradient norm to this value; None: no clipping."""
+    data: str | None = None
+    """Dataset root in the model's real layout; None: a small synthetic dataset."""
+    use_gpu: bool = False
+    fail_at_step: int | None = None
+    """Test hook: the rank-0 worker fails once when it reaches this step."""
+    fail_mode: str = "raise"
+    """'raise' an exception, or 'kill' the worker process."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp_degree", "mp_degree", "num_micro_batches", "steps",
+                     "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name.replace('_', '-')}={getattr(self, name)}: must be >= 1")
+        if self.global_batch is not None:
+            per_worker, rest = divmod(self.global_batch, self.dp_degree)
+            if rest or per_worker % self.num_micro_batches or per_worker == 0:
+                raise UserError(
+                    f"global batch {self.global_batch} does not split into {self.dp_degree} "
+                    f"workers x {self.num_micro_batches} micro-batches: use a multiple of "
+                    f"{self.dp_degree * self.num_micro_batches}")
+        if self.lr <= 0:
+            raise UserError(f"--lr {self.lr}: must be > 0")
+        if self.fail_mode not in FAIL_MODES:
+            raise UserError(f"fail mode {self.fail_mode!r}: choose one of {FAIL_MODES}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

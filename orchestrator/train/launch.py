@@ -1,0 +1,139 @@
+"""The driver side of training: plan the worker, check the cluster can hold the run,
+and hand a TorchTrainer to Ray Train (ScalingPolicy-style: decisions are data here,
+only this module turns them into Ray calls)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.worker import train_loop_per_worker
+from placement.cluster import preset
+from placement.errors import UserError
+from placement.plan import Plan
+from placement.planner import PlanConfig, plan
+
+
+class ClusterTooSmallError(UserError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeResources:
+    node_id: str
+    cpus: float
+    gpus: float
+
+
+def cluster_nodes() -> list[NodeResources]:
+    return [NodeResources(node_id=n["NodeID"], cpus=n["Resources"].get("CPU", 0.0),
+                          gpus=n["Resources"].get("GPU", 0.0))
+            for n in ray.nodes() if n["Alive"]]
+
+
+def worker_resources(cfg: TrainConfig) -> dict[str, float]:
+    """A worker's bundle: its mp_degree GPUs and a CPU, or mp_degree CPU cores."""
+    return {"CPU": 1, "GPU": cfg.mp_degree} if cfg.use_gpu else {"CPU": cfg.mp_degree}
+
+
+def check_fits(cfg: TrainConfig, nodes: list[NodeResources]) -> None:
+    """Refuse, before any placement group is requested, a run the cluster cannot hold
+    (Ray would leave it PENDING forever): every worker's bundle must fit on one node."""
+    need = worker_resources(cfg)
+    kind = "GPU" if cfg.use_gpu else "CPU"
+    per_node = [min(int(n.cpus // need["CPU"]),
+                    int(n.gpus // need["GPU"]) if cfg.use_gpu else 10**9) for n in nodes]
+    largest = max((n.gpus if cfg.use_gpu else n.cpus) for n in nodes)
+    if max(per_node, default=0) == 0:
+        raise ClusterTooSmallError(
+            f"--mp {cfg.mp_degree} needs {cfg.mp_degree} {kind}s on one node but the largest "
+            f"node has {largest:g}: use --mp {int(largest)} or less")
+    if sum(per_node) < cfg.dp_degree:
+        raise ClusterTooSmallError(
+            f"--dp {cfg.dp_degree} x --mp {cfg.mp_degree} does not fit: the cluster holds at "
+            f"most {sum(per_node)} worker(s) of {cfg.mp_degree} {kind}(s) (per node: "
+            f"{per_node}): use --dp {sum(per_node)} or less, or a smaller --mp")
+
+
+def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic") -> Plan:
+    """Profile one worker's share of the batch on this machine and place it on the
+    worker's devices (CPU threads here, so measured CPU costs are the right ones)."""
+    from orchestrator.profile import profile_model
+
+    spec_batch = cfg.global_batch
+    graph = profile_model(cfg.model, preset=cfg.preset, target="cpu",
+                          batch=None if spec_batch is None else spec_batch // cfg.dp_degree)
+    # On CPU hosts and fake-GPU clusters every device is a thread of this machine.
+    cpu = preset("cpu")
+    cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
+                                                            cpu.devices_per_node))
+    return plan(graph, cluster, PlanConfig(num_devices=cfg.mp_degree,
+                                           num_micro_batches=cfg.num_micro_batches,
+                                           solver=solver))
+
+
+@contextlib.contextmanager
+def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
+    """Join the cluster of RAY_ADDRESS (a job), start local Ray, or start a fake
+    multi-node cluster `NODESxGPUS` of fake-GPU nodes on this machine."""
+    if fake_cluster is None:
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+        try:
+            yield
+        finally:
+            if started:
+                ray.shutdown()
+        return
+    from ray.cluster_utils import Cluster
+
+    num_nodes, gpus = parse_fake_cluster(fake_cluster)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(num_nodes):
+        cluster.add_node(num_cpus=gpus, num_gpus=gpus)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def parse_fake_cluster(text: str) -> tuple[int, int]:
+    try:
+        nodes, gpus = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise UserError(f"--fake-cluster {text!r}: write NODESxGPUS, e.g. 2x2") from None
+    if nodes < 1 or gpus < 1:
+        raise UserError(f"--fake-cluster {text!r}: nodes and GPUs must be >= 1")
+    return nodes, gpus
+
+
+def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
+        max_failures: int = 0, fake_gpus: bool = False) -> dict:
+    """Run training on the connected Ray cluster; returns rank 0's result."""
+    check_fits(cfg, cluster_nodes())
+    marker_dir = str(Path(storage) / name / "markers")
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"train": cfg.to_dict(), "plan": worker_plan.to_dict(),
+                           "marker_dir": marker_dir},
+        scaling_config=ScalingConfig(num_workers=cfg.dp_degree, use_gpu=cfg.use_gpu,
+                                     resources_per_worker=worker_resources(cfg)),
+        # Ray would pick NCCL for any worker holding GPUs; fake GPUs need gloo.
+        torch_config=TorchConfig(backend="gloo" if fake_gpus or not cfg.use_gpu else "nccl"),
+        run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve()),
+                             failure_config=FailureConfig(max_failures=max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    )
+    return trainer.fit().return_value

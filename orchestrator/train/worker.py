@@ -1,0 +1,180 @@
+"""The loop each Ray Train worker runs: one model-parallel group executing its plan,
+allreducing gradients with the other workers, checkpointing the whole state."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import ray.train
+import torch
+import torch.distributed as dist
+
+from orchestrator.profile import partition
+from orchestrator.runtime.executor import OpPartition, PlanExecutor
+from orchestrator.train.batches import BatchSource
+from orchestrator.train.config import TrainConfig
+from placement.plan import plan_from_dict
+
+STATE_FILE = "state.pt"
+
+
+def worker_devices(cfg: TrainConfig) -> list[torch.device]:
+    """The worker's mp_degree devices: its GPUs, or CPU threads on a CPU host (and on
+    fake-GPU test clusters, whose GPUs exist only in Ray's bookkeeping)."""
+    if cfg.use_gpu and torch.cuda.is_available():
+        devices = ray.train.torch.get_devices()
+        assert len(devices) == cfg.mp_degree, (devices, cfg.mp_degree)
+        return list(devices)
+    return [torch.device("cpu")] * cfg.mp_degree
+
+
+class GradientSync:
+    """Averages gradients over the workers, one bucket per local device, each on its own
+    process group (so devices finishing in different orders on different workers never
+    interleave their collectives), launched as soon as that device's backward is done."""
+
+    def __init__(self, params_by_device: list[list[torch.nn.Parameter]], world: int):
+        self.params_by_device = params_by_device
+        self.world = world
+        self.groups = ([dist.new_group(backend=dist.get_backend())
+                        for _ in params_by_device] if world > 1 else [])
+        self.pending: dict[int, tuple[object, torch.Tensor]] = {}
+
+    def launch(self, device: int) -> None:
+        if self.world == 1:
+            return
+        params = self.params_by_device[device]
+        flat = torch.cat([_grad(p).reshape(-1) for p in params]) if params else torch.zeros(1)
+        self.pending[device] = (dist.all_reduce(flat, group=self.groups[device],
+                                                async_op=True), flat)
+
+    def finish(self) -> None:
+        if self.world == 1:
+            return
+        for device, params in enumerate(self.params_by_device):
+            if device not in self.pending:
+                self.launch(device)
+            work, flat = self.pending.pop(device)
+            work.wait()
+            flat /= self.world
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).to(p.device)
+                offset += n
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _params_by_device(part, assignment: Mapping[int, int], model: torch.nn.Module,
+                      num_devices: int) -> list[list[torch.nn.Parameter]]:
+    named = dict(model.named_parameters())
+    owner: dict[str, int] = {}
+    for op in part.ops:
+        for name in op.params:
+            owner.setdefault(name, assignment[op.id])
+    buckets: list[list[torch.nn.Parameter]] = [[] for _ in range(num_devices)]
+    for name, param in named.items():
+        buckets[owner.get(name, 0)].append(param)
+    return buckets
+
+
+def _maybe_fail(cfg: TrainConfig, step: int, rank: int, marker_dir: str | None) -> None:
+    """Test hook: fail once (a marker file remembers it) at `fail_at_step` on rank 0."""
+    if cfg.fail_at_step != step or rank != 0 or marker_dir is None:
+        return
+    marker = Path(marker_dir) / f"failed-at-{step}"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    if cfg.fail_mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected failure at step {step} (test hook)")
+
+
+def _save(model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
+    directory = tempfile.mkdtemp(prefix="ckpt-")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "history": history,
+                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                        "python": random.getstate()}},
+               Path(directory) / STATE_FILE)
+    return ray.train.Checkpoint.from_directory(directory)
+
+
+def _restore(model, optimizer) -> tuple[int, dict]:
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0, {"losses": [], "step_times_s": []}
+    with checkpoint.as_directory() as directory:
+        state = torch.load(Path(directory) / STATE_FILE, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    return state["step"], state["history"]
+
+
+def train_loop_per_worker(config: dict) -> dict:
+    cfg = TrainConfig(**config["train"])
+    plan = plan_from_dict(config["plan"])
+    torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    devices = worker_devices(cfg)
+    part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed)
+    model = spec.module
+    executor = PlanExecutor(
+        OpPartition(part.module, {op.id: op.nodes for op in part.ops}), plan.assignment,
+        plan.order, devices, num_micro_batches=cfg.num_micro_batches,
+        autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    start, history = _restore(model, optimizer)
+    global_batch = cfg.global_batch or spec.batch
+    source = BatchSource(spec, data=cfg.data, global_batch=global_batch, rank=rank,
+                         dp_degree=world, seed=cfg.seed)
+    sync = GradientSync(_params_by_device(part, plan.assignment, model, len(devices)), world)
+    for step in range(start, cfg.steps):
+        _maybe_fail(cfg, step, rank, config.get("marker_dir"))
+        batch = source.batch(step)
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = executor.step(batch, global_batch // world, on_device_done=sync.launch)
+        sync.finish()
+        if cfg.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+        optimizer.step()
+        step_time = time.perf_counter() - started
+        loss_t = torch.tensor([loss], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(loss_t)
+        history["losses"].append(float(loss_t) / world)
+        history["step_times_s"].append(step_time)
+        metrics = {"step": step + 1, "loss": history["losses"][-1], "step_time_s": step_time,
+                   "samples_per_s": global_batch / step_time}
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            checkpoint = _save(model, optimizer, step + 1, history) if rank == 0 else None
+            ray.train.report(metrics, checkpoint=checkpoint)
+        else:
+            ray.train.report(metrics)
+    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    me = {"rank": rank, "node_id": node_id,
+          "devices": [str(d) for d in devices]}
+    workers = [None] * world
+    if world > 1:
+        dist.all_gather_object(workers, me)
+    else:
+        workers = [me]
+    return {**history, "workers": workers,
+            "final_params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
