@@ -16,7 +16,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.worker import train_loop_per_worker
+from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
 from placement.plan import Plan
@@ -120,14 +120,24 @@ def parse_fake_cluster(text: str) -> tuple[int, int]:
 
 
 def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
-        max_failures: int = 0, fake_gpus: bool = False) -> dict:
-    """Run training on the connected Ray cluster; returns rank 0's result."""
+        max_failures: int = 0, fake_gpus: bool = False,
+        resume_from: str | Path | None = None) -> dict:
+    """Run training on the connected Ray cluster; returns rank 0's result.
+
+    `resume_from`: a checkpoint directory of an earlier run, at any dp and mp degree
+    (checkpoints hold the whole model, not per-device shards)."""
     check_fits(cfg, cluster_nodes())
+    if resume_from is not None and not (Path(resume_from) / STATE_FILE).is_file():
+        raise UserError(f"{resume_from}: not a checkpoint of this tool (no {STATE_FILE}): "
+                        "give a checkpoint_* directory of an earlier run")
     marker_dir = str(Path(storage) / name / "markers")
     trainer = TorchTrainer(
         train_loop_per_worker,
+        # Train V2 resumes its own runs by name; an earlier run's checkpoint is handed
+        # to the workers, which load it when their run has none yet.
         train_loop_config={"train": cfg.to_dict(), "plan": worker_plan.to_dict(),
-                           "marker_dir": marker_dir},
+                           "marker_dir": marker_dir,
+                           "resume_from": None if resume_from is None else str(resume_from)},
         scaling_config=ScalingConfig(num_workers=cfg.dp_degree, use_gpu=cfg.use_gpu,
                                      resources_per_worker=worker_resources(cfg)),
         # Ray would pick NCCL for any worker holding GPUs; fake GPUs need gloo.

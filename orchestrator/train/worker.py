@@ -112,8 +112,10 @@ def _save(model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
     return ray.train.Checkpoint.from_directory(directory)
 
 
-def _restore(model, optimizer) -> tuple[int, dict]:
+def _restore(model, optimizer, resume_from: str | None) -> tuple[int, dict]:
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and resume_from is not None:
+        checkpoint = ray.train.Checkpoint.from_directory(resume_from)
     if checkpoint is None:
         return 0, {"losses": [], "step_times_s": []}
     with checkpoint.as_directory() as directory:
@@ -140,7 +142,7 @@ def train_loop_per_worker(config: dict) -> dict:
         plan.order, devices, num_micro_batches=cfg.num_micro_batches,
         autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    start, history = _restore(model, optimizer)
+    start, history = _restore(model, optimizer, config.get("resume_from"))
     global_batch = cfg.global_batch or spec.batch
     source = BatchSource(spec, data=cfg.data, global_batch=global_batch, rank=rank,
                          dp_degree=world, seed=cfg.seed)

@@ -1,0 +1,67 @@
+"""Real Ray Train runs on a fake 2-node cluster of 2 fake GPUs each (gloo, CPU threads).
+Kept few: each TorchTrainer.fit() costs tens of seconds on this machine."""
+
+import time
+
+import pytest
+import torch
+
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.launch import ClusterTooSmallError, fit, plan_worker, ray_cluster
+from tests.orchestrator.test_train_local import run_local
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def fake_cluster():
+    with ray_cluster("2x2"):
+        yield
+
+
+def fit_now(cfg, tmp_path, **kwargs):
+    return fit(cfg, plan_worker(cfg), storage=tmp_path, name=f"run-{time.monotonic_ns()}",
+               fake_gpus=True, **kwargs)
+
+
+def test_dp2_mp2_matches_one_device_and_each_worker_owns_one_node(fake_cluster, tmp_path):
+    hybrid_cfg = TrainConfig(model="biglstm", dp_degree=2, mp_degree=2, num_micro_batches=2,
+                             global_batch=8, steps=3, use_gpu=True)
+    hybrid = fit_now(hybrid_cfg, tmp_path)
+    single = run_local(TrainConfig(model="biglstm", global_batch=8, steps=3), tmp_path)
+    assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    nodes = {w["node_id"] for w in hybrid["workers"]}
+    assert len(nodes) == 2, hybrid["workers"]
+    assert all(len(w["devices"]) == 2 for w in hybrid["workers"])
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_a_failed_worker_resumes_from_its_checkpoint_and_loses_nothing(fake_cluster, tmp_path,
+                                                                       mode):
+    common = dict(model="biglstm", mp_degree=2, num_micro_batches=2, global_batch=8,
+                  steps=6, checkpoint_every=2)
+    resumed = fit_now(TrainConfig(**common, use_gpu=True, fail_at_step=3, fail_mode=mode),
+                      tmp_path, max_failures=1)
+    plain = run_local(TrainConfig(**common), tmp_path)
+    assert resumed["losses"] == pytest.approx(plain["losses"], rel=1e-6)
+    for name, value in plain["final_params"].items():
+        torch.testing.assert_close(resumed["final_params"][name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_requests_the_cluster_cannot_hold_are_refused_up_front(fake_cluster, tmp_path):
+    with pytest.raises(ClusterTooSmallError, match="largest node has 2"):
+        fit_now(TrainConfig(model="biglstm", mp_degree=4, use_gpu=True), tmp_path)
+    with pytest.raises(ClusterTooSmallError, match="holds at most 2 worker"):
+        fit_now(TrainConfig(model="biglstm", dp_degree=3, mp_degree=2, global_batch=6,
+                            use_gpu=True), tmp_path)
+
+
+def test_a_checkpoint_resumes_at_another_dp_and_mp(fake_cluster, tmp_path):
+    common = dict(model="biglstm", global_batch=8, checkpoint_every=3)
+    first = TrainConfig(**common, mp_degree=2, num_micro_batches=2, steps=3, use_gpu=True)
+    fit_now(first, tmp_path / "first")
+    checkpoint = max((tmp_path / "first").glob("run-*/checkpoint_*"))
+    second = TrainConfig(**common, dp_degree=2, steps=6, use_gpu=True)
+    resumed = fit_now(second, tmp_path / "second", resume_from=checkpoint)
+    plain = run_local(TrainConfig(**common, steps=6), tmp_path)
+    assert resumed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
