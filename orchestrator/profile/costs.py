@@ -1,0 +1,291 @@
+"""What each op of a partition costs: measured on this CPU and projected for GPUs.
+
+Per op, from running it alone on its recorded inputs:
+- `forward_s`/`backward_s` measured on the local device (warm-up, then the median of
+  `repeats` runs; the backward is `torch.autograd.grad` of the op's outputs with
+  respect to its inputs and parameters);
+- every aten kernel it runs, forward and backward, with its FLOPs (from
+  `torch.utils.flop_counter`) and the bytes it reads and writes (views move nothing);
+  these feed the roofline projection of `orchestrator.profile.roofline`;
+- the bytes it saves for the backward (activations), counted once per storage across
+  the graph, parameters excluded.
+
+Everything runs on the meta device as well (no timing there): FLOPs, bytes and memory
+are exact without allocating a weight.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+from orchestrator.profile.trace import Partition
+
+
+@dataclass(kw_only=True)
+class Kernel:
+    flops: float
+    bytes: float
+    matmul: bool
+    """A GEMM or convolution (compute-bound if large enough)."""
+
+
+@dataclass(kw_only=True)
+class OpCost:
+    forward_s: float | None = None
+    backward_s: float | None = None
+    forward_kernels: list[Kernel] = field(default_factory=list)
+    backward_kernels: list[Kernel] = field(default_factory=list)
+    saved_bytes: float = 0.0
+    """Bytes of tensors the op itself creates and saves for its backward."""
+    saved_inputs: dict[str, float] = field(default_factory=dict)
+    """Input value name -> bytes, for inputs the op saves for its backward."""
+    saved_outputs: set[str] = field(default_factory=set)
+    """Its own output values it saves (so a consumer saving them adds nothing)."""
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(k.flops for k in self.forward_kernels)
+
+    @property
+    def backward_flops(self) -> float:
+        return sum(k.flops for k in self.backward_kernels)
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
+
+
+def _nbytes(v: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(v)[0]
+               if isinstance(t, torch.Tensor))
+
+
+class _KernelLog(TorchDispatchMode):
+    """Records every aten call's bytes moved (inputs read + outputs written)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, float]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and func.overloadpacket.__name__ not in _NO_DATA_OPS:
+            moved = _nbytes((args, kwargs)) + _nbytes(out)
+            self.calls.append((func.overloadpacket.__name__, float(moved)))
+        return out
+
+
+#: aten calls that move no data (metadata, aliasing) or that we account for elsewhere.
+_NO_DATA_OPS = {"detach", "alias", "lift_fresh", "_to_copy_noop", "empty", "empty_like",
+                "new_empty", "zeros_like_noop", "_local_scalar_dense", "set_", "sym_size",
+                "sym_stride", "sym_numel", "is_same_size"}
+_MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "convolution",
+               "convolution_backward", "_convolution", "linear"}
+
+
+def _kernels(run: Callable[[], Any]) -> tuple[Any, list[Kernel]]:
+    """Run `run()` logging its kernels; FLOPs per kernel from FlopCounterMode."""
+    log = _KernelLog()
+    counter = FlopCounterMode(display=False)
+    with counter, log:
+        result = run()
+    # FlopCounterMode counts per aten packet, not per call: spread each packet's total
+    # over its calls, weighted by their bytes (exact when a packet is called once, and
+    # for the repeated per-step GEMMs of an LSTM, which are all the same size).
+    totals = {str(k).split(".")[-1]: v for k, v in counter.get_flop_counts().get("Global", {}).items()}
+    bytes_per_packet: dict[str, float] = {}
+    for name, moved in log.calls:
+        bytes_per_packet[name] = bytes_per_packet.get(name, 0.0) + moved
+    kernels = []
+    for name, moved in log.calls:
+        flops = totals.get(name, 0) * (moved / bytes_per_packet[name]
+                                       if bytes_per_packet[name] else 0.0)
+        kernels.append(Kernel(flops=flops, bytes=moved, matmul=name in _MATMUL_OPS))
+    return result, kernels
+
+
+class _SavedLog:
+    """saved_tensors_hooks that record the storages an op saves for its backward."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        self.saved.setdefault(st._cdata, (t, st.nbytes()))
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+def _storage_ids(values: Iterable[Any]) -> dict[int, Any]:
+    return {t.untyped_storage()._cdata: t for v in values for t in tree_flatten(v)[0]
+            if isinstance(t, torch.Tensor)}
+
+
+def reference_env(part: Partition, batch: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """Every value of one forward pass (no autograd graph kept)."""
+    with torch.no_grad():
+        env = part.inputs_env(batch)
+        for op in part.ops:
+            part.run_op(op.id, env)
+    return env
+
+
+def measure_op(part: Partition, op_id: int, env: dict[str, Any]) -> OpCost:
+    """Kernels and saved bytes of op `op_id` run alone on its inputs from `env`."""
+    op = part.ops[op_id]
+    base = {k: env[k] for k in (*part.placeholders, *part.prologue)}
+    inputs = {k: (env[k].detach().requires_grad_(True) if _is_float(env[k]) else env[k])
+              for k in op.inputs}
+    params = [p for name, p in part.module.named_parameters() if name in set(op.params)]
+    wrt = [v for v in inputs.values() if _is_float(v)] + params
+
+    def forward() -> list[torch.Tensor]:
+        local = {**base, **inputs}
+        part.run_op(op_id, local)
+        return [local[k] for k in op.outputs]
+
+    def backward(outs: list[torch.Tensor]) -> None:
+        pairs = [(o, torch.ones_like(o)) for o in outs
+                 if isinstance(o, torch.Tensor) and o.requires_grad]
+        if pairs and wrt:
+            torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                                allow_unused=True)
+
+    cost = OpCost()
+    saved = _SavedLog()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        outs, cost.forward_kernels = _kernels(forward)
+    _, cost.backward_kernels = _kernels(lambda: backward(outs))
+    _attribute_saved(cost, saved, inputs, dict(zip(op.outputs, outs)), params)
+    return cost
+
+
+def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
+             warmup: int, progress: Callable[[], None] | None = None
+             ) -> list[tuple[float, float]]:
+    """Median (forward_s, backward_s) of every op, timed inside whole steps.
+
+    Each step runs the ops in id order, each on detached copies of its inputs (as the
+    executor does across devices), then their backwards in reverse order, each a
+    separate `torch.autograd.backward` that hands its input gradients to the
+    producers. Timing ops in the order of a real step, rather than one op over and
+    over, keeps the cache and allocator effects of a real step in the figures.
+    """
+    fwd: list[list[float]] = [[] for _ in part.ops]
+    bwd: list[list[float]] = [[] for _ in part.ops]
+    for rep in range(warmup + repeats):
+        part.module.zero_grad(set_to_none=True)
+        base = part.inputs_env(batch)
+        env: dict[str, Any] = {}
+        leaves: list[dict[str, torch.Tensor]] = []
+        for op in part.ops:
+            t0 = time.perf_counter()
+            local = {k: (env[k].detach().requires_grad_(True) if _is_float(env[k])
+                         else env[k]) for k in op.inputs}
+            leaves.append({k: v for k, v in local.items() if _is_float(v)})
+            local.update(base)
+            part.run_op(op.id, local)
+            env.update((k, local[k]) for k in op.outputs)
+            if rep >= warmup:
+                fwd[op.id].append(time.perf_counter() - t0)
+        grads: dict[str, torch.Tensor] = {part.loss: torch.ones_like(env[part.loss])}
+        for op in reversed(part.ops):
+            t0 = time.perf_counter()
+            pairs = [(env[k], grads[k]) for k in op.outputs
+                     if k in grads and env[k].requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            for k, leaf in leaves[op.id].items():
+                if leaf.grad is not None:
+                    grads[k] = grads[k] + leaf.grad if k in grads else leaf.grad
+            if rep >= warmup:
+                bwd[op.id].append(time.perf_counter() - t0)
+        if progress is not None:
+            progress()
+    part.module.zero_grad(set_to_none=True)
+    return [(statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd)]
+
+
+def _attribute_saved(cost: OpCost, saved: _SavedLog, inputs: dict[str, Any],
+                     outputs: dict[str, Any], params: list[torch.Tensor]) -> None:
+    param_ids = _storage_ids(params)
+    input_ids = {sid: name for name, v in inputs.items() for sid in _storage_ids([v])}
+    output_ids = {sid: name for name, v in outputs.items() for sid in _storage_ids([v])}
+    for sid, (_, nbytes) in saved.saved.items():
+        if sid in param_ids:
+            continue
+        if sid in input_ids:
+            cost.saved_inputs[input_ids[sid]] = float(nbytes)
+            continue
+        if sid in output_ids:
+            cost.saved_outputs.add(output_ids[sid])
+        cost.saved_bytes += nbytes
+
+
+def activation_bytes(part: Partition, costs: list[OpCost]) -> list[float]:
+    """Saved-for-backward bytes per op, each value counted once: by its producer if the
+    producer saves it, else by its first consumer that does."""
+    counted = {name for c in costs for name in c.saved_outputs}
+    result = []
+    for c in costs:
+        extra = 0.0
+        for name, nbytes in c.saved_inputs.items():
+            if name not in counted:
+                counted.add(name)
+                extra += nbytes
+        result.append(c.saved_bytes + extra)
+    return result
+
+
+class LivePeak(TorchDispatchMode):
+    """Peak bytes of live tensor storages created inside the mode (forward, backward,
+    gradients), each storage counted once while it lives. Works on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if st._cdata not in self._seen:
+                    self._seen.add(st._cdata)
+                    self.live += st.nbytes()
+                    weakref.finalize(st, self._free, st._cdata, st.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _free(self, sid: int, nbytes: int) -> None:
+        self._seen.discard(sid)
+        self.live -= nbytes
+
+
+def step_peak_bytes(module: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> dict[str, float]:
+    """Memory of one training step (forward + backward, no optimizer state):
+    parameters plus the peak of everything created during the step, gradients
+    included."""
+    param_bytes = float(sum(p.numel() * p.element_size() for p in module.parameters()))
+    module.zero_grad(set_to_none=True)
+    tracker = LivePeak()
+    with tracker:
+        module(*batch).backward()
+    module.zero_grad(set_to_none=True)
+    return {"param_bytes": param_bytes, "step_peak_bytes": param_bytes + tracker.peak}
