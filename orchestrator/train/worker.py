@@ -179,4 +179,4 @@ def train_loop_per_worker(config: dict) -> dict:
     else:
         workers = [me]
     return {**history, "workers": workers,
-            "final_params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+            "final_params": {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}}

@@ -4,7 +4,7 @@ Kept few: each TorchTrainer.fit() costs tens of seconds on this machine."""
 import time
 
 import pytest
-import torch
+import numpy as np
 
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.launch import ClusterTooSmallError, fit, plan_worker, ray_cluster
@@ -45,7 +45,7 @@ def test_a_failed_worker_resumes_from_its_checkpoint_and_loses_nothing(fake_clus
     plain = run_local(TrainConfig(**common), tmp_path)
     assert resumed["losses"] == pytest.approx(plain["losses"], rel=1e-6)
     for name, value in plain["final_params"].items():
-        torch.testing.assert_close(resumed["final_params"][name], value, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(resumed["final_params"][name], value, rtol=1e-6, atol=1e-7)
 
 
 def test_requests_the_cluster_cannot_hold_are_refused_up_front(fake_cluster, tmp_path):
@@ -60,7 +60,7 @@ def test_a_checkpoint_resumes_at_another_dp_and_mp(fake_cluster, tmp_path):
     common = dict(model="biglstm", global_batch=8, checkpoint_every=3)
     first = TrainConfig(**common, mp_degree=2, num_micro_batches=2, steps=3, use_gpu=True)
     fit_now(first, tmp_path / "first")
-    checkpoint = max((tmp_path / "first").glob("run-*/checkpoint_*"))
+    checkpoint = max(p for p in (tmp_path / "first").glob("run-*/checkpoint_*") if p.is_dir())
     second = TrainConfig(**common, dp_degree=2, steps=6, use_gpu=True)
     resumed = fit_now(second, tmp_path / "second", resume_from=checkpoint)
     plain = run_local(TrainConfig(**common, steps=6), tmp_path)
