@@ -5,7 +5,8 @@ benchmarks and `orchestrator layerwise --model ... --analytic`. Times are a roof
 on the device kind: forward = max(FLOPs / peak fp32 FLOP/s, bytes moved / memory
 bandwidth), backward = 2 x forward (gradients for inputs and for weights). Each
 convolution carries its batch norm and ReLU and each fully-connected layer its ReLU
-and dropout (fused, as a framework would run them); the network's input images are
+and dropout (fused, as a framework would run them); VGG-16 has biases where
+Inception-V3 has batch norms; the network's input images are
 read by whichever device needs them, so no op stands for them.
 
 Shapes: VGG-16 configuration D of Simonyan & Zisserman 2014 (224x224 inputs);
@@ -59,13 +60,15 @@ class _Builder:
         return op_id
 
     def conv(self, name: str, src: int | None, cout: int, kernel: int | Shape,
-             stride: int = 1, pad: int | Shape = 0, in_shape: Shape | None = None) -> int:
+             stride: int = 1, pad: int | Shape = 0, in_shape: Shape | None = None,
+             batch_norm: bool = True) -> int:
         n, cin, h, w = self.shapes[src] if src is not None else in_shape
         kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
         ph, pw = (pad, pad) if isinstance(pad, int) else pad
         ho, wo = (h + 2 * ph - kh) // stride + 1, (w + 2 * pw - kw) // stride + 1
         flops = 2 * n * cout * ho * wo * cin * kh * kw
-        params = cout * cin * kh * kw + 2 * cout    # weights + batch-norm scale/shift
+        # weights + batch-norm scale and shift (Inception) or bias (VGG)
+        params = cout * cin * kh * kw + (2 * cout if batch_norm else cout)
         return self._add(name, "conv2d", [src] if src is not None else [], (n, cout, ho, wo),
                          flops, params, (cout, cin, kh, kw), input_shape=(n, cin, h, w))
 
@@ -106,7 +109,8 @@ def vgg16(batch_size: int, device: DeviceKind) -> OpGraph:
     blocks = [(64, 2), (128, 2), (256, 3), (512, 3), (512, 3)]
     for i, (channels, convs) in enumerate(blocks, start=1):
         for j in range(1, convs + 1):
-            x = b.conv(f"conv{i}_{j}", x, channels, 3, pad=1, in_shape=shape)
+            x = b.conv(f"conv{i}_{j}", x, channels, 3, pad=1, in_shape=shape,
+                       batch_norm=False)
         x = b.pool(f"pool{i}", x, 2, 2)
     x = b.linear("fc6", x, 4096)
     x = b.linear("fc7", x, 4096)
