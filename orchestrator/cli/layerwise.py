@@ -64,8 +64,10 @@ def load_model(name: str, cluster: ClusterSpec, batch_size: int | None,
             graph = profile_model(name, preset="paper", target=cluster.device.name)
             return graph, f"profiled (preset paper, target {cluster.device.name})"
     if name not in MODELS:
-        raise UserError(f"no analytic model {name!r}: choose one of {', '.join(MODELS)}, "
-                        "or drop --analytic to profile it")
+        why = ("" if analytic else
+               " (the profiler, orchestrator.profile, is not installed here)")
+        raise UserError(f"no analytic model {name!r}{why}: choose one of "
+                        f"{', '.join(MODELS)}, or pass --graph with a profiled graph")
     batch = batch_size if batch_size is not None else SAMPLES_PER_DEVICE * num_devices
     if batch < 1:
         raise UserError(f"--batch-size is {batch}: give at least 1 sample")

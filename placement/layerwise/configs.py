@@ -13,6 +13,7 @@ dimension of known size is never split into more parts than it has elements.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,8 +54,7 @@ class ParallelConfig:
 
     def task_indices(self) -> np.ndarray:
         """(degree, 4) array: task k's index along each dimension (row-major grid)."""
-        grid = np.indices(self.degrees).reshape(4, -1).T
-        return grid
+        return _task_grid(self.degrees)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dict(zip(DIMS, self.degrees)), "degree": self.degree,
@@ -63,6 +63,13 @@ class ParallelConfig:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ParallelConfig:
         return ParallelConfig(**{d: int(data.get(d, 1)) for d in DIMS})
+
+
+@functools.cache
+def _task_grid(degrees: tuple[int, int, int, int]) -> np.ndarray:
+    grid = np.indices(degrees).reshape(4, -1).T
+    grid.flags.writeable = False
+    return grid
 
 
 def _divisors(n: int) -> list[int]:

@@ -23,6 +23,7 @@ Rules where the paper leaves room (all stated in docs/benchmarks.md too):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,10 +74,6 @@ class Topology:
         """The link a collective over `devices` runs at."""
         return self.inter_node if len({self.node(d) for d in devices}) > 1 else self.intra_node
 
-    def same_node(self) -> np.ndarray:
-        nodes = np.arange(self.num_devices) // self.devices_per_node
-        return (nodes[:, None] == nodes[None, :]).astype(float)
-
 
 def compute_s(t: float, degree: int, tau: float) -> float:
     """t_c: Amdahl's split of the profiled time t over |c| tasks, tau not shrinking.
@@ -99,17 +96,23 @@ def ring_allreduce_s(num_bytes: float, num_replicas: int, link: Link) -> float:
 
 
 def sync_s(layer: Layer, config: ParallelConfig, topology: Topology) -> float:
-    """t_s: allreduce each weight shard over the tasks that hold a replica of it.
+    """t_s: allreduce each weight shard over the tasks that hold a replica of it; all
+    shards' rings run at once, so the slowest (one spanning nodes, if any) counts.
 
     # see Jia et al. 2018, Section 4 (t_s)
     """
     if layer.param_bytes <= 0:
         return 0.0
-    shard_bytes = layer.param_bytes / config.channel
-    replicas = config.degree // config.channel
+    link = topology.inter_node if _replicas_span_nodes(config, topology) else \
+        topology.intra_node
+    return ring_allreduce_s(layer.param_bytes / config.channel,
+                            config.degree // config.channel, link)
+
+
+@functools.cache
+def _replicas_span_nodes(config: ParallelConfig, topology: Topology) -> bool:
     channel_of_task = config.task_indices()[:, DIMS.index("channel")]
-    return max(ring_allreduce_s(shard_bytes, replicas,
-                                topology.link(np.flatnonzero(channel_of_task == c).tolist()))
+    return any(len({topology.node(int(d)) for d in np.flatnonzero(channel_of_task == c)}) > 1
                for c in range(config.channel))
 
 
@@ -145,6 +148,7 @@ def requirement_halos(producer: Layer, consumer: Layer,
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of the intersection of [lo, hi) intervals stored in the last axis."""
     return np.clip(np.minimum(a[..., 1], b[..., 1]) - np.maximum(a[..., 0], b[..., 0]),
                    0.0, None)
 
@@ -171,11 +175,26 @@ def transfer_fractions(producer_configs: Sequence[ParallelConfig],
     held = tile_bounds(producer_configs, producer_axes, n)             # (P, D', A, 2)
     wanted = tile_bounds(consumer_configs, required_axes, n, halos)    # (Q, D, A, 2)
     need = np.prod(wanted[..., 1] - wanted[..., 0], axis=-1)     # (Q, D)
-    overlap = np.ones((len(producer_configs), len(consumer_configs), n, n))  # p q d d'
-    for a in range(held.shape[2]):
-        overlap *= _overlap(wanted[None, :, :, None, a], held[:, None, None, :, a])
-    local = np.einsum("pqdd->pqd", overlap)
-    on_node = np.einsum("pqde,de->pqd", overlap, topology.same_node())
+    local = np.prod(_overlap(wanted[None], held[:, None]), axis=-1)   # (P, Q, D)
+    if topology.num_nodes == 1:
+        # The producer's tiles cover its whole tensor, all of it on this node.
+        return TransferFractions(need=need, local=local,
+                                 on_node=np.broadcast_to(need[None], local.shape))
+    # What consumer task (q, d) wants of what producer tasks (p, d') on d's node hold,
+    # as a product over axes of interval overlaps summed over d': the search's largest
+    # arrays (P*Q*D*D/num_nodes), so computed node by node and in place.
+    on_node = np.empty_like(local)
+    for first in range(0, n, topology.devices_per_node):
+        node = slice(first, min(first + topology.devices_per_node, n))
+        want, have = wanted[None, :, node, None], held[:, None, None, node]
+        overlap = np.ones(np.broadcast_shapes(want.shape, have.shape)[:-2])
+        hi = np.empty_like(overlap)
+        for a in range(held.shape[2]):
+            np.minimum(want[..., a, 1], have[..., a, 1], out=hi)
+            hi -= np.maximum(want[..., a, 0], have[..., a, 0])
+            np.maximum(hi, 0.0, out=hi)
+            overlap *= hi
+        on_node[:, :, node] = overlap.sum(axis=-1)
     return TransferFractions(need=need, local=local, on_node=on_node)
 
 

@@ -1,0 +1,78 @@
+"""Layer-wise parallelism (OptCNN) on Inception-V3 and VGG-16 with 4, 8 and 16 devices
+of dgx1-v100: predicted step time of the searched plan against data parallelism, model
+parallelism and the one weird trick, and the search time (median of --repeats runs).
+
+    .venv/bin/python -m benchmarks.layerwise [--repeats 5]
+
+Graphs are the analytic ones of `placement.layerwise.examples` (roofline times on a
+V100). Two batch regimes: 32 samples per device (weak scaling) and a fixed global
+batch of 256 (strong scaling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+from collections import Counter
+
+from placement.cluster import preset
+from placement.layerwise import BASELINES, CostConfig, compare
+from placement.layerwise.examples import MODELS
+
+DEVICE_COUNTS = (4, 8, 16)
+CLUSTER = "dgx1-v100"
+
+
+def _strategy_summary(plan) -> str:
+    """The chosen configurations, most frequent first, e.g. 'n16 x117, n8c2 x6'."""
+    counts = Counter(layer.config.label for layer in plan.layers)
+    return ", ".join(f"{label} x{n}" for label, n in counts.most_common(4))
+
+
+def run_case(model: str, num_devices: int, batch_size: int, repeats: int) -> dict:
+    per_node = preset(CLUSTER).devices_per_node
+    cluster = preset(CLUSTER, num_nodes=math.ceil(num_devices / per_node))
+    graph = MODELS[model](batch_size, cluster.device)
+    runs = [compare(graph, cluster, CostConfig(num_devices=num_devices))
+            for _ in range(repeats)]
+    result = runs[-1]
+    return {
+        "model": model, "devices": num_devices, "batch": batch_size,
+        "layers": len(graph.ops),
+        "layerwise_ms": result.layerwise.step_time_s * 1e3,
+        **{f"{name}_ms": result.baselines[name].step_time_s * 1e3 for name in BASELINES},
+        "search_s": statistics.median(r.search_seconds for r in runs),
+        "residual": result.search.residual_nodes,
+        "configs": result.num_configs,
+        "choice": _strategy_summary(result.layerwise),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(f"# machine: {platform.machine()}, {platform.python_implementation()} "
+          f"{platform.python_version()}, search time median of {args.repeats}")
+    for regime, batch_of in (("32 samples per device", lambda n: 32 * n),
+                             ("global batch 256", lambda n: 256)):
+        print(f"\n{regime}\n")
+        print("| model | devices | batch | layer-wise ms | DP ms | MP ms | OWT ms "
+              "| vs DP | vs OWT | search s | configs | layer-wise choice |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for model in ("inception_v3", "vgg16"):
+            for n in DEVICE_COUNTS:
+                r = run_case(model, n, batch_of(n), args.repeats)
+                print(f"| {model} | {n} | {r['batch']} | {r['layerwise_ms']:.1f} "
+                      f"| {r['data_parallel_ms']:.1f} | {r['model_parallel_ms']:.1f} "
+                      f"| {r['one_weird_trick_ms']:.1f} "
+                      f"| {r['data_parallel_ms'] / r['layerwise_ms']:.2f}x "
+                      f"| {r['one_weird_trick_ms'] / r['layerwise_ms']:.2f}x "
+                      f"| {r['search_s']:.2f} | {r['configs']} | {r['choice']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
