@@ -2,11 +2,12 @@
 of dgx1-v100: predicted step time of the searched plan against data parallelism, model
 parallelism and the one weird trick, and the search time (median of --repeats runs).
 
-    .venv/bin/python -m benchmarks.layerwise [--repeats 5]
+    .venv/bin/python -m benchmarks.layerwise [--repeats 5] [--no-profile]
 
-Graphs are the analytic ones of `placement.layerwise.examples` (roofline times on a
-V100). Two batch regimes: 32 samples per device (weak scaling) and a fixed global
-batch of 256 (strong scaling).
+Graphs: the analytic ones of `placement.layerwise.examples` (roofline times on a V100)
+with 32 samples per device (weak scaling) and with a fixed global batch of 256 (strong
+scaling); then the profiler's graphs (`orchestrator.profile.profile_model`, preset
+paper, target v100) with 32 samples per device.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import platform
 import statistics
 from collections import Counter
 
-from placement.cluster import preset
+from placement.cluster import DeviceKind, preset
+from placement.graph import OpGraph
 from placement.layerwise import BASELINES, CostConfig, compare
 from placement.layerwise.examples import MODELS
 
@@ -31,10 +33,19 @@ def _strategy_summary(plan) -> str:
     return ", ".join(f"{label} x{n}" for label, n in counts.most_common(4))
 
 
-def run_case(model: str, num_devices: int, batch_size: int, repeats: int) -> dict:
+def _graph(model: str, batch_size: int, device: DeviceKind, profiled: bool) -> OpGraph:
+    if not profiled:
+        return MODELS[model](batch_size, device)
+    from orchestrator.profile import profile_model
+
+    return profile_model(model, preset="paper", batch=batch_size, target=device.name)
+
+
+def run_case(model: str, num_devices: int, batch_size: int, repeats: int,
+             profiled: bool = False) -> dict:
     per_node = preset(CLUSTER).devices_per_node
     cluster = preset(CLUSTER, num_nodes=math.ceil(num_devices / per_node))
-    graph = MODELS[model](batch_size, cluster.device)
+    graph = _graph(model, batch_size, cluster.device, profiled)
     runs = [compare(graph, cluster, CostConfig(num_devices=num_devices))
             for _ in range(repeats)]
     result = runs[-1]
@@ -54,18 +65,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the profiled graphs (they need torch, ~10 s each)")
     args = parser.parse_args(argv)
     print(f"# machine: {platform.machine()}, {platform.python_implementation()} "
           f"{platform.python_version()}, search time median of {args.repeats}")
-    for regime, batch_of in (("32 samples per device", lambda n: 32 * n),
-                             ("global batch 256", lambda n: 256)):
+    regimes = [("analytic, 32 samples per device", lambda n: 32 * n, False),
+               ("analytic, global batch 256", lambda n: 256, False)]
+    if not args.no_profile:
+        regimes.append(("profiled (preset paper), 32 samples per device",
+                        lambda n: 32 * n, True))
+    for regime, batch_of, profiled in regimes:
         print(f"\n{regime}\n")
         print("| model | devices | batch | layer-wise ms | DP ms | MP ms | OWT ms "
               "| vs DP | vs OWT | search s | configs | layer-wise choice |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for model in ("inception_v3", "vgg16"):
             for n in DEVICE_COUNTS:
-                r = run_case(model, n, batch_of(n), args.repeats)
+                r = run_case(model, n, batch_of(n), args.repeats, profiled)
                 print(f"| {model} | {n} | {r['batch']} | {r['layerwise_ms']:.1f} "
                       f"| {r['data_parallel_ms']:.1f} | {r['model_parallel_ms']:.1f} "
                       f"| {r['one_weird_trick_ms']:.1f} "

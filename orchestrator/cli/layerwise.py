@@ -14,8 +14,8 @@ from placement.io import load_graph
 from placement.layerwise import BASELINES, Comparison, CostConfig, LayerwisePlan, compare
 from placement.layerwise.examples import MODELS
 
-#: Samples per device of the analytic models when --batch-size is not given (weak
-#: scaling: the global batch grows with the device count).
+#: Samples per device when --batch-size is not given (weak scaling: the global batch
+#: grows with the device count).
 SAMPLES_PER_DEVICE = 32
 
 
@@ -23,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("layerwise", help="choose a parallel configuration per layer (OptCNN)",
                        description=__doc__)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help=f"model to profile ({', '.join(MODELS)} are also "
-                                     "available analytically, see --analytic)")
+    src.add_argument("--model", help="model to profile (preset paper) on the cluster's "
+                                     f"device kind; {', '.join(MODELS)} are also "
+                                     "available analytically, see --analytic")
     src.add_argument("--graph", help="op graph JSON with layer facts (orchestrator profile)")
     p.add_argument("--devices", type=int, required=True, help="number of devices (N)")
     p.add_argument("--cluster", choices=PRESET_NAMES, default="dgx1-v100",
@@ -34,8 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="build --model from its published shapes with roofline times "
                         "instead of profiling it")
     p.add_argument("--batch-size", type=int, default=None, dest="batch_size",
-                   help=f"global batch of an analytic model (default: {SAMPLES_PER_DEVICE}"
-                        " x devices)")
+                   help=f"global batch of --model (default: {SAMPLES_PER_DEVICE} x devices)")
     p.add_argument("--task-overhead-us", type=float, default=None, dest="task_overhead_us",
                    help="per-task time that splitting does not shrink, microseconds "
                         f"(default: {CostConfig(num_devices=1).task_overhead_s * 1e6:g})")
@@ -54,6 +54,9 @@ def cluster_for(name: str, num_devices: int) -> ClusterSpec:
 def load_model(name: str, cluster: ClusterSpec, batch_size: int | None,
                num_devices: int, analytic: bool) -> tuple[OpGraph, str]:
     """The model's layer graph and a line saying where it came from."""
+    batch = batch_size if batch_size is not None else SAMPLES_PER_DEVICE * num_devices
+    if batch < 1:
+        raise UserError(f"--batch-size is {batch}: give at least 1 sample")
     if not analytic:
         try:
             from orchestrator.profile import profile_model
@@ -61,16 +64,15 @@ def load_model(name: str, cluster: ClusterSpec, batch_size: int | None,
             if err.name != "orchestrator.profile":
                 raise
         else:
-            graph = profile_model(name, preset="paper", target=cluster.device.name)
-            return graph, f"profiled (preset paper, target {cluster.device.name})"
+            graph = profile_model(name, preset="paper", batch=batch,
+                                  target=cluster.device.name)
+            return graph, (f"profiled (preset paper, batch {batch}, "
+                           f"target {cluster.device.name})")
     if name not in MODELS:
         why = ("" if analytic else
                " (the profiler, orchestrator.profile, is not installed here)")
         raise UserError(f"no analytic model {name!r}{why}: choose one of "
                         f"{', '.join(MODELS)}, or pass --graph with a profiled graph")
-    batch = batch_size if batch_size is not None else SAMPLES_PER_DEVICE * num_devices
-    if batch < 1:
-        raise UserError(f"--batch-size is {batch}: give at least 1 sample")
     return (MODELS[name](batch, cluster.device),
             f"analytic (batch {batch}, roofline on {cluster.device.name})")
 

@@ -21,7 +21,7 @@ from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.layerwise.configs import ParallelConfig
 from placement.layerwise.cost import CostConfig, LayerCosts
-from placement.layerwise.layers import Layer
+from placement.layerwise.layers import DIMS, Layer
 from placement.layerwise.search import SearchResult, solve
 
 BASELINES = ("data_parallel", "model_parallel", "one_weird_trick")
@@ -115,8 +115,7 @@ def plan_from_choice(costs: LayerCosts, strategy: str, choice: tuple[int, ...],
 def _widest(configs: tuple[ParallelConfig, ...], dim: str) -> ParallelConfig:
     """The configuration splitting only `dim`, at the largest degree it allows."""
     only = [c for c in configs
-            if all(getattr(c, d) == 1 for d in ("sample", "channel", "height", "width")
-                   if d != dim)]
+            if all(getattr(c, d) == 1 for d in DIMS if d != dim)]
     return max(only, key=lambda c: c.degree)
 
 

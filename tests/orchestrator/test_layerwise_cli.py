@@ -82,3 +82,12 @@ def test_bad_input_is_one_line_and_exit_status_2(capsys, argv, message):
     assert status == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_model_names_go_through_the_profiler_when_it_is_installed(capsys):
+    pytest.importorskip("orchestrator.profile")
+    out = run_json(capsys, "--model", "vgg16", "--devices", "4")
+    assert out["source"].startswith("profiled")
+    assert out["layerwise"]["graph"] == "vgg16-paper"
+    assert out["search"]["residual_nodes"] == 1
+    assert out["layerwise"]["step_time_s"] <= out["baselines"]["data_parallel"]["step_time_s"]

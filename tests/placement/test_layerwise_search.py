@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -122,3 +124,11 @@ def test_long_chains_are_fast_and_linear():
         best = (best[:, None] + edges[i - 1][2]).min(axis=0) + nodes[i]
     assert result.cost == pytest.approx(best.min())
     assert math.isclose(evaluate(nodes, edges, result.choice), result.cost)
+
+
+def test_layerwise_imports_neither_torch_nor_ray():
+    code = ("import sys, placement.layerwise, placement.layerwise.examples; "
+            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
