@@ -7,7 +7,9 @@ parallelism and the one weird trick, and the search time (median of --repeats ru
 Graphs: the analytic ones of `placement.layerwise.examples` (roofline times on a V100)
 with 32 samples per device (weak scaling) and with a fixed global batch of 256 (strong
 scaling); then the profiler's graphs (`orchestrator.profile.profile_model`, preset
-paper, target v100) with 32 samples per device.
+paper, target v100) with 32 samples per device. Last, graphs that do not reduce:
+complete DAGs (every layer feeds every later one) with random cost tables, solved by
+the exact DP over the residual.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import platform
 import statistics
 from collections import Counter
 
+import numpy as np
+
 from placement.cluster import DeviceKind, preset
 from placement.graph import OpGraph
 from placement.layerwise import BASELINES, CostConfig, compare
 from placement.layerwise.examples import MODELS
+from placement.layerwise.search import MAX_TABLE_ENTRIES, ResidualTooLargeError, solve
 
 DEVICE_COUNTS = (4, 8, 16)
 CLUSTER = "dgx1-v100"
@@ -61,6 +66,25 @@ def run_case(model: str, num_devices: int, batch_size: int, repeats: int,
     }
 
 
+def residual_cases(repeats: int) -> None:
+    """Time the DP over residuals that no elimination touches (complete DAGs)."""
+    print("\ngraphs that do not reduce (complete DAGs, random tables)\n")
+    print("| layers | configs per layer | largest DP table | seconds |")
+    print("|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for n, k in ((4, 16), (6, 16), (5, 30), (4, 70), (5, 70)):
+        nodes = [rng.random(k) for _ in range(n)]
+        edges = [(u, v, rng.random((k, k))) for u in range(n) for v in range(u + 1, n)]
+        try:
+            results = [solve(nodes, edges) for _ in range(repeats)]
+        except ResidualTooLargeError:
+            print(f"| {n} | {k} | {k ** n:,} | refused (over {MAX_TABLE_ENTRIES:,}) |")
+            continue
+        seconds = statistics.median(r.seconds for r in results)
+        print(f"| {n} | {k} | {results[0].residual_largest_table:,} | {seconds:.2f} |",
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"| {r['data_parallel_ms'] / r['layerwise_ms']:.2f}x "
                       f"| {r['one_weird_trick_ms'] / r['layerwise_ms']:.2f}x "
                       f"| {r['search_s']:.2f} | {r['configs']} | {r['choice']} |", flush=True)
+    residual_cases(args.repeats)
 
 
 if __name__ == "__main__":
