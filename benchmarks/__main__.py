@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-AREAS = ("baselines",)
+AREAS = ("baselines", "layerwise")
 
 
 def main(argv: list[str]) -> int:
