@@ -75,8 +75,8 @@ def _numbers(text: str, what: str, kind: type = float) -> list:
 def model_graph(name: str, cluster: ClusterSpec) -> OpGraph:
     try:
         from orchestrator.profile import profile_model
-    except ModuleNotFoundError as err:
-        if err.name not in ("orchestrator.profile", "torch"):
+    except ImportError as err:
+        if not (err.name or "").startswith(("orchestrator.profile", "torch")):
             raise
         raise UserError(f"--model needs orchestrator.profile ({err.name} is missing here): "
                         "pass --graph G.json with a profiled graph instead") from None

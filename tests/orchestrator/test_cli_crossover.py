@@ -99,3 +99,15 @@ def test_other_bad_input_is_one_line(tmp_path, graph_file, capsys, extra, words)
                          "--out", str(tmp_path / "o"))
     assert code == 2 and words in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_model_without_the_profiler_says_to_pass_a_graph(tmp_path, capsys):
+    pytest.importorskip("torch")
+    try:
+        from orchestrator.profile import profile_model  # noqa: F401
+    except ImportError:
+        code, out, err = run(capsys, "crossover", "--model", "gnmt", "--cluster", "dgx1-v100",
+                             "--out", str(tmp_path / "o"))
+        assert code == 2 and "--graph" in err
+    else:
+        pytest.skip("orchestrator.profile.profile_model exists: --model profiles for real")
