@@ -78,8 +78,8 @@ def model_graph(name: str, cluster: ClusterSpec) -> OpGraph:
     except ImportError as err:
         if not (err.name or "").startswith(("orchestrator.profile", "torch")):
             raise
-        raise UserError(f"--model needs orchestrator.profile ({err.name} is missing here): "
-                        "pass --graph G.json with a profiled graph instead") from None
+        raise UserError("--model needs orchestrator.profile.profile_model, which this "
+                        f"checkout lacks ({err}): pass --graph G.json instead") from None
     return profile_model(name, preset="paper", target=cluster.device.name)
 
 
