@@ -74,7 +74,7 @@ class _Builder:
 
     def graph(self, **metadata: object) -> OpGraph:
         return OpGraph(ops=tuple(self.ops), edges=tuple(self.edges), name=self.name,
-                       metadata={"batch_size": self.batch, "analytic": True, **metadata})
+                       metadata={"batch": self.batch, "analytic": True, **metadata})
 
 
 def lstm_flops_per_step(inputs: int, hidden: int, projection: int | None = None) -> float:

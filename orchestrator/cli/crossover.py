@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="profile this model (e.g. biglstm, gnmt, inception_v3)")
     source.add_argument("--graph", help="op graph JSON in seconds, profiled at one batch")
+    p.add_argument("--preset", default="paper",
+                   help="model size preset for --model (default: paper)")
     p.add_argument("--plans", help="folder of plan_mp<M>.json files (others are computed)")
     p.add_argument("--cluster", required=True, help="cluster preset, e.g. dgx1-v100")
     stats = p.add_mutually_exclusive_group()
@@ -50,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", help="per-worker batches to try, comma-separated "
                                      "(default: b0/8 .. 4 b0)")
     p.add_argument("--profiled-batch", type=float, dest="profiled_batch",
-                   help="batch the graph was profiled at (default: its metadata.batch_size)")
+                   help="batch the graph was profiled at (default: its metadata.batch, as the profiler writes)")
     p.add_argument("--min-efficient-batch", type=float, default=8.0,
                    dest="min_efficient_batch",
                    help="samples per micro-batch below which an op is no faster (default 8)")
@@ -72,7 +74,7 @@ def _numbers(text: str, what: str, kind: type = float) -> list:
     return values
 
 
-def model_graph(name: str, cluster: ClusterSpec) -> OpGraph:
+def model_graph(name: str, cluster: ClusterSpec, model_preset: str = "paper") -> OpGraph:
     try:
         from orchestrator.profile import profile_model
     except ImportError as err:
@@ -80,7 +82,7 @@ def model_graph(name: str, cluster: ClusterSpec) -> OpGraph:
             raise
         raise UserError("--model needs orchestrator.profile.profile_model, which this "
                         f"checkout lacks ({err}): pass --graph G.json instead") from None
-    return profile_model(name, preset="paper", target=cluster.device.name)
+    return profile_model(name, preset=model_preset, target=cluster.device.name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,12 +91,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-gpus {args.max_gpus}: must be at least 1 (e.g. --max-gpus 4096)")
     mp_degrees = _numbers(args.mp_degrees, "--mp-degrees", int)
     curve = load_curve(args.curve) if args.curve else None
-    graph = model_graph(args.model, cluster) if args.model else load_graph(args.graph)
+    graph = (model_graph(args.model, cluster, args.preset) if args.model
+             else load_graph(args.graph))
     model = args.model or graph.metadata.get("model")
     efficiency = efficiency_for(curve, args.noise_scale, args.min_epochs, model)
     dataset_size = args.dataset_size or (MODEL_DEFAULTS[model].dataset_size
                                          if model in MODEL_DEFAULTS else DEFAULT_DATASET_SIZE)
-    b0 = args.profiled_batch or graph.metadata.get("batch_size")
+    b0 = args.profiled_batch or graph.metadata.get("batch")
     if b0 is None:
         raise UserError(f"graph {graph.name!r} does not say which batch it was profiled at: "
                         "pass --profiled-batch B")

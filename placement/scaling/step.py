@@ -1,6 +1,6 @@
 """Step time of one worker (`mp_degree` devices) at a per-worker batch, from its plan.
 
-Batch rule. A graph is profiled at one batch b0 (`graph.metadata["batch_size"]`, or
+Batch rule. A graph is profiled at one batch b0 (`graph.metadata["batch"]`, or
 given). Per micro-batch of m samples an op computes for t(b0) * max(m, m_floor) / b0:
 linear in the batch above a small-batch floor m_floor, below which the device is
 under-occupied and fewer samples take no less time (the flat left end of every GPU
@@ -35,7 +35,7 @@ class BatchRule:
     def __post_init__(self) -> None:
         if not (self.profiled_batch > 0 and math.isfinite(self.profiled_batch)):
             raise UserError(f"profiled batch {self.profiled_batch}: must be > 0 samples "
-                            "(pass --profiled-batch or set the graph's metadata.batch_size)")
+                            "(pass --profiled-batch or set the graph's metadata.batch)")
         if not self.min_efficient_batch >= 0:
             raise UserError(f"minimum efficient batch {self.min_efficient_batch}: must be >= 0")
 

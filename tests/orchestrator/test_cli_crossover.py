@@ -21,7 +21,7 @@ def branchy_graph() -> OpGraph:
                 for i, (n, t, p) in enumerate(spec))
     edges = (Edge(src=0, dst=1, bytes=2 * MB), Edge(src=0, dst=2, bytes=2 * MB),
              Edge(src=1, dst=3, bytes=2 * MB), Edge(src=2, dst=3, bytes=2 * MB))
-    return OpGraph(ops=ops, edges=edges, name="branchy", metadata={"batch_size": 32})
+    return OpGraph(ops=ops, edges=edges, name="branchy", metadata={"batch": 32})
 
 
 @pytest.fixture()
@@ -101,13 +101,14 @@ def test_other_bad_input_is_one_line(tmp_path, graph_file, capsys, extra, words)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_model_without_the_profiler_says_to_pass_a_graph(tmp_path, capsys):
+
+def test_model_is_profiled_then_projected(tmp_path, capsys):
     pytest.importorskip("torch")
-    try:
-        from orchestrator.profile import profile_model  # noqa: F401
-    except ImportError:
-        code, out, err = run(capsys, "crossover", "--model", "gnmt", "--cluster", "dgx1-v100",
-                             "--out", str(tmp_path / "o"))
-        assert code == 2 and "--graph" in err
-    else:
-        pytest.skip("orchestrator.profile.profile_model exists: --model profiles for real")
+    code, out, err = run(capsys, "crossover", "--model", "gnmt", "--preset", "tiny",
+                         "--cluster", "dgx1-v100", "--mp-degrees", "2", "--max-gpus", "8",
+                         "--out", str(tmp_path / "o"), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["inputs"]["model"] == "gnmt"
+    assert report["inputs"]["statistical_efficiency"].startswith("default gnmt")
+    assert [r["num_gpus"] for r in report["rows"]] == [1, 2, 4, 8]

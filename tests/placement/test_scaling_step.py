@@ -22,7 +22,7 @@ def chain(n: int = 4, with_transfers: bool = True) -> OpGraph:
                    attrs={"gradient_bytes": 1 * MB} if i == 0 else {})
                 for i in range(n))
     edges = tuple(Edge(src=i, dst=i + 1, bytes=ops[i].output_bytes) for i in range(n - 1))
-    return OpGraph(ops=ops, edges=edges, name="chain", metadata={"batch_size": 32})
+    return OpGraph(ops=ops, edges=edges, name="chain", metadata={"batch": 32})
 
 
 def test_batch_rule_hand_computed():
