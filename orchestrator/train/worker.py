@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import statistics
 import signal
 import tempfile
 import time
@@ -20,6 +21,8 @@ from orchestrator.profile import partition
 from orchestrator.runtime.executor import OpPartition, PlanExecutor
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.noise_scale import NoiseScaleEstimator
+from placement.scaling.efficiency import examples_to_target
 from placement.plan import plan_from_dict
 
 STATE_FILE = "state.pt"
@@ -46,29 +49,39 @@ class GradientSync:
         self.groups = ([dist.new_group(backend=dist.get_backend())
                         for _ in params_by_device] if world > 1 else [])
         self.pending: dict[int, tuple[object, torch.Tensor]] = {}
+        self.local_sq: dict[int, float] = {}
 
     def launch(self, device: int) -> None:
         if self.world == 1:
             return
         params = self.params_by_device[device]
         flat = torch.cat([_grad(p).reshape(-1) for p in params]) if params else torch.zeros(1)
+        self.local_sq[device] = float(flat.double().pow(2).sum())
         self.pending[device] = (dist.all_reduce(flat, group=self.groups[device],
                                                 async_op=True), flat)
 
-    def finish(self) -> None:
+    def finish(self) -> tuple[float, float] | None:
+        """Wait for every bucket and install the averaged gradients; returns this
+        worker's |local gradient|^2 and the |averaged gradient|^2 (for the noise scale),
+        or None with a single worker."""
         if self.world == 1:
-            return
+            return None
+        global_sq = 0.0
         for device, params in enumerate(self.params_by_device):
             if device not in self.pending:
                 self.launch(device)
             work, flat = self.pending.pop(device)
             work.wait()
             flat /= self.world
+            global_sq += float(flat.double().pow(2).sum())
             offset = 0
             for p in params:
                 n = p.numel()
                 p.grad = flat[offset:offset + n].view_as(p).to(p.device)
                 offset += n
+        local_sq = sum(self.local_sq.values())
+        self.local_sq.clear()
+        return local_sq, global_sq
 
 
 def _grad(p: torch.nn.Parameter) -> torch.Tensor:
@@ -100,6 +113,22 @@ def _maybe_fail(cfg: TrainConfig, step: int, rank: int, marker_dir: str | None) 
     if cfg.fail_mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected failure at step {step} (test hook)")
+
+
+def _projection(projection: Mapping | None, noise: NoiseScaleEstimator, global_batch: int,
+                step_times: list[float]) -> dict[str, float]:
+    """The scaling model's time to accuracy with this run's measurements: its median
+    step time and, with several workers, its measured gradient noise scale."""
+    if not projection:
+        return {}
+    b_noise = projection["b_noise"]
+    measured = noise.grad_sq is not None and noise.grad_sq > 0 and noise.trace > 0
+    if measured:
+        b_noise = noise.b_simple
+    steps = examples_to_target(projection["min_epochs"] * projection["dataset_size"],
+                               b_noise, global_batch) / global_batch
+    return {"noise_scale": b_noise, "noise_scale_measured": float(measured),
+            "projected_time_s": steps * statistics.median(step_times)}
 
 
 def _save(model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
@@ -147,24 +176,30 @@ def train_loop_per_worker(config: dict) -> dict:
     source = BatchSource(spec, data=cfg.data, global_batch=global_batch, rank=rank,
                          dp_degree=world, seed=cfg.seed)
     sync = GradientSync(_params_by_device(part, plan.assignment, model, len(devices)), world)
+    noise = NoiseScaleEstimator()
     for step in range(start, cfg.steps):
         _maybe_fail(cfg, step, rank, config.get("marker_dir"))
         batch = source.batch(step)
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = executor.step(batch, global_batch // world, on_device_done=sync.launch)
-        sync.finish()
+        norms = sync.finish()
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         optimizer.step()
         step_time = time.perf_counter() - started
-        loss_t = torch.tensor([loss], dtype=torch.float64)
+        # One allreduce for the loss and the local gradient norm (both averaged).
+        scalars = torch.tensor([loss, norms[0] if norms else 0.0], dtype=torch.float64)
         if world > 1:
-            dist.all_reduce(loss_t)
-        history["losses"].append(float(loss_t) / world)
+            dist.all_reduce(scalars)
+            scalars /= world
+            noise.update(float(scalars[1]), norms[1], global_batch / world, global_batch)
+        history["losses"].append(float(scalars[0]))
         history["step_times_s"].append(step_time)
         metrics = {"step": step + 1, "loss": history["losses"][-1], "step_time_s": step_time,
-                   "samples_per_s": global_batch / step_time}
+                   "samples_per_s": global_batch / step_time,
+                   **_projection(config.get("projection"), noise, global_batch,
+                                 history["step_times_s"])}
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             checkpoint = _save(model, optimizer, step + 1, history) if rank == 0 else None
             ray.train.report(metrics, checkpoint=checkpoint)

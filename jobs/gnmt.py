@@ -1,0 +1,14 @@
+"""`ray job submit --working-dir . -- python jobs/gnmt.py [--preset tiny|paper] ...`:
+profile, plan, project, sweep and train gnmt end to end (see orchestrator/pipeline.py)."""
+
+import sys
+from pathlib import Path
+
+# Under `ray job submit --working-dir .` the project is the working directory, not an
+# installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.pipeline import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main("gnmt", sys.argv[1:]))

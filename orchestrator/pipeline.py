@@ -1,0 +1,246 @@
+"""The whole job behind `jobs/<model>.py`: profile -> plan every candidate mp_degree ->
+cross-over projection -> Tune sweep of global batch x mp_degree -> final training of the
+winner -> report. Every stage prints a status line; everything lands in --storage."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.models import build
+from orchestrator.sweep import (
+    METRIC,
+    Candidate,
+    feasible,
+    linear_lr,
+    max_concurrent_trials,
+    run_sweep,
+)
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.launch import cluster_nodes, fit, ray_cluster
+from placement.cluster import PRESET_NAMES, ClusterSpec, preset
+from placement.errors import UserError
+from placement.io import save_graph
+from placement.plan import Plan
+from placement.planner import PlanConfig, plan
+from placement.scaling.crossover import HybridConfig, ScalingParams, crossover, project
+from placement.scaling.efficiency import model_defaults
+from placement.scaling.step import BatchRule, worker_step
+from placement.scaling.workers import default_batches, worker_steps
+
+#: The preset learning rate of SGD with momentum at the preset's batch.
+BASE_LR = 0.05
+#: Global batches the sweep tries, as multiples of the preset's batch.
+BATCH_MULTIPLES = (1, 2, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobArgs:
+    model: str
+    preset: str
+    data: str | None
+    num_gpus: int | None
+    """Devices the job may use (GPUs, or CPU cores on a CPU cluster); None: all."""
+    max_trials: int
+    time_budget_s: float | None
+    storage: Path
+    resume: bool
+    trial_steps: int
+    final_steps: int
+    cluster: str | None
+    """Preset for the projection; None: dgx1-v100 with GPUs, the local cores without."""
+    fake_cluster: str | None
+
+    def __post_init__(self) -> None:
+        if self.max_trials < 1:
+            raise UserError(f"--max-trials {self.max_trials}: must be >= 1")
+        if self.num_gpus is not None and self.num_gpus < 1:
+            raise UserError(f"--num-gpus {self.num_gpus}: must be >= 1")
+        if self.trial_steps < 2 or self.final_steps < 1:
+            raise UserError("--trial-steps must be >= 2 and --final-steps >= 1")
+
+
+def parse_args(model: str, argv: Sequence[str] | None) -> JobArgs:
+    p = argparse.ArgumentParser(prog=f"jobs/{model}.py", description=__doc__)
+    p.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
+    p.add_argument("--data", help="dataset root in the model's real layout "
+                                  "(default: a small synthetic dataset, nothing downloaded)")
+    p.add_argument("--num-gpus", type=int, default=None, dest="num_gpus",
+                   help="devices to use (default: what the cluster has)")
+    p.add_argument("--max-trials", type=int, default=4, dest="max_trials")
+    p.add_argument("--time-budget-s", type=float, default=None, dest="time_budget_s")
+    p.add_argument("--storage", default="results",
+                   help="where the sweep, checkpoints and report go")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted sweep in --storage")
+    p.add_argument("--trial-steps", type=int, default=6, dest="trial_steps")
+    p.add_argument("--final-steps", type=int, default=20, dest="final_steps")
+    p.add_argument("--cluster", choices=PRESET_NAMES, default=None,
+                   help="preset whose links the projection uses")
+    p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
+                   help="run on a local cluster of fake-GPU nodes (testing)")
+    a = p.parse_args(argv)
+    return JobArgs(model=model, preset=a.preset, data=a.data, num_gpus=a.num_gpus,
+                   max_trials=a.max_trials, time_budget_s=a.time_budget_s,
+                   storage=Path(a.storage).resolve(), resume=a.resume,
+                   trial_steps=a.trial_steps, final_steps=a.final_steps,
+                   cluster=a.cluster, fake_cluster=a.fake_cluster)
+
+
+def status(stage: str, text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {stage}: {text}", flush=True)
+
+
+def main(model: str, argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(model, argv)
+        with ray_cluster(args.fake_cluster):
+            run_job(args)
+    except UserError as err:
+        print(f"jobs/{model}.py: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def mp_candidates(devices_per_node: int, num_gpus: int) -> list[int]:
+    """Powers of two that fit on one node and in the job."""
+    out, m = [], 1
+    while m <= min(devices_per_node, num_gpus):
+        out.append(m)
+        m *= 2
+    return out
+
+
+def plan_candidates(graph, cluster: ClusterSpec, mp_degrees: Sequence[int]) -> dict[int, Plan]:
+    """For each mp_degree, the plan (and micro-batch count 1, 2 or 4) of least
+    predicted step time."""
+    plans = {}
+    for m in mp_degrees:
+        options = [plan(graph, cluster, PlanConfig(num_devices=m, num_micro_batches=k))
+                   for k in ((1,) if m == 1 else (1, 2, 4))]
+        plans[m] = min(options, key=lambda p: p.step_time)
+    return plans
+
+
+def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: ClusterSpec,
+                   base_batch: int, num_gpus: int) -> list[Candidate]:
+    defaults = model_defaults(args.model)
+    rule = BatchRule(profiled_batch=float(graph.metadata.get("batch", base_batch)))
+    out = []
+    for m, p in plans.items():
+        dp = num_gpus // m
+        for multiple in BATCH_MULTIPLES:
+            gb = base_batch * multiple
+            if gb % (dp * p.num_micro_batches):
+                continue
+            worker = worker_step(graph, p, cluster, gb / dp, rule)
+            projected = project(worker, dp, cluster, defaults.efficiency,
+                                defaults.dataset_size, ScalingParams())
+            out.append(Candidate(mp_degree=m, dp_degree=dp, global_batch=gb,
+                                 num_micro_batches=p.num_micro_batches,
+                                 lr=linear_lr(BASE_LR, base_batch, gb),
+                                 predicted_step_s=projected.step_s,
+                                 predicted_time_s=projected.time_to_accuracy_s))
+    return sorted(out, key=lambda c: c.predicted_time_s)
+
+
+def run_job(args: JobArgs) -> dict:
+    from orchestrator.profile import profile_model
+    from orchestrator.report.html import write_report
+
+    args.storage.mkdir(parents=True, exist_ok=True)
+    nodes = cluster_nodes()
+    use_gpu = any(n.gpus > 0 for n in nodes)
+    fake_gpus = args.fake_cluster is not None
+    total = int(sum((n.gpus if use_gpu else n.cpus) for n in nodes))
+    num_gpus = args.num_gpus or total
+    if num_gpus > total:
+        raise UserError(f"--num-gpus {num_gpus}: the cluster has {total} "
+                        f"{'GPU' if use_gpu else 'CPU core'}s: use at most that many")
+    per_node = int(max((n.gpus if use_gpu else n.cpus) for n in nodes))
+    # Devices that are CPU threads (CPU hosts, fake GPUs) run measured CPU costs.
+    measured_here = not use_gpu or fake_gpus
+    cluster = preset(args.cluster or ("cpu" if measured_here else "dgx1-v100"))
+    if measured_here:
+        cluster = dataclasses.replace(cluster, devices_per_node=max(per_node, 1))
+    base_batch = build(args.model, args.preset, device="meta").batch
+    status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
+                          f"costs for {cluster.device.name}")
+    graph = profile_model(args.model, preset=args.preset, batch=base_batch,
+                          target="cpu" if measured_here else cluster.device.name)
+    save_graph(graph, args.storage / "graph.json")
+
+    mps = mp_candidates(cluster.devices_per_node, num_gpus)
+    status("2/6 plan", f"mp_degree {mps} on {cluster.name}")
+    plans = plan_candidates(graph, cluster, mps)
+    plans_dir = args.storage / "plans"
+    plans_dir.mkdir(exist_ok=True)
+    for m, p in plans.items():
+        p.save(plans_dir / f"plan_mp{m}.json")
+        status("2/6 plan", f"mp {m}: predicted step {p.step_time * 1e3:.1f} ms "
+                           f"({p.solver}, {p.num_micro_batches} micro-batches)")
+
+    status("3/6 cross-over", "DP vs hybrid time to accuracy, 1 to 4096 devices")
+    defaults = model_defaults(args.model)
+    rule = BatchRule(profiled_batch=float(base_batch))
+    result = crossover(worker_steps(graph, plans, cluster, default_batches(base_batch), rule),
+                       cluster, defaults.efficiency, defaults.dataset_size, 4096)
+    (args.storage / "crossover.json").write_text(json.dumps(result.to_dict(), indent=1))
+
+    candidates = candidates_for(args, graph, plans, cluster, base_batch, num_gpus)
+    kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
+                            use_gpu=use_gpu)
+    for reason in pruned:
+        status("4/6 sweep", f"pruned {reason}")
+    if not kept:
+        raise UserError("no configuration of the sweep fits this cluster: " + "; ".join(pruned))
+    chosen = kept[:args.max_trials]
+    concurrent = max_concurrent_trials(chosen, nodes, use_gpu)
+    status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
+                        f"{concurrent} at a time: {[c.key() for c in chosen]}")
+    projection = {"dataset_size": defaults.dataset_size,
+                  "min_epochs": defaults.efficiency.min_epochs,
+                  "b_noise": defaults.efficiency.b_noise}
+    grid = run_sweep(chosen, plans, model=args.model, preset=args.preset,
+                     steps=args.trial_steps, storage=args.storage, use_gpu=use_gpu,
+                     fake_gpus=fake_gpus, data=args.data, projection=projection,
+                     max_concurrent=concurrent, time_budget_s=args.time_budget_s,
+                     resume=args.resume)
+    best = grid.get_best_result(metric=METRIC, mode="min", filter_nan_and_inf=True)
+    winner = Candidate(**best.config["candidate"])
+    status("4/6 sweep", f"best {winner.key()}: projected {best.metrics[METRIC]:.4g} s to "
+                        f"target")
+
+    status("5/6 train", f"{winner.key()} (dp {winner.dp_degree} x mp {winner.mp_degree}) "
+                        f"for {args.final_steps} steps")
+    final_cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=winner.dp_degree,
+                            mp_degree=winner.mp_degree, global_batch=winner.global_batch,
+                            num_micro_batches=winner.num_micro_batches,
+                            steps=args.final_steps, lr=winner.lr, data=args.data,
+                            use_gpu=use_gpu, checkpoint_every=max(1, args.final_steps // 2))
+    final = fit(final_cfg, plans[winner.mp_degree], storage=args.storage, name="final",
+                max_failures=1, fake_gpus=fake_gpus)
+    summary = {
+        "model": args.model, "preset": args.preset, "cluster": cluster.name,
+        "num_gpus": num_gpus, "winner": dataclasses.asdict(winner),
+        "winner_projected_time_s": best.metrics[METRIC],
+        "crossover_num_gpus": result.crossover_num_gpus,
+        "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
+                  "workers": final["workers"]},
+        "pruned": pruned,
+        "hybrid": dataclasses.asdict(HybridConfig(
+            dp_degree=winner.dp_degree, mp_degree=winner.mp_degree,
+            global_batch=winner.global_batch, num_micro_batches=winner.num_micro_batches)),
+    }
+    (args.storage / "winner.json").write_text(json.dumps(summary, indent=1) + "\n")
+    status("6/6 report", "writing plots and the HTML page")
+    page = write_report(args.storage, grid=grid, plans=plans, crossover=result,
+                        summary=summary, candidates=chosen)
+    status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
+    return summary

@@ -1,0 +1,135 @@
+"""The Ray Tune sweep over global batch x mp_degree: each trial is a short real
+TorchTrainer run whose workers report throughput, loss, gradient noise scale and the
+projected time to accuracy; ASHA stops the bad ones early.
+
+Train V2 pattern (RAY_NOTES.md): a Tune *function* trainable builds the TorchTrainer
+and passes `TuneReportCallback` in its RunConfig, so the workers' reports reach Tune.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ray import tune
+from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler
+
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.launch import NodeResources, check_fits, worker_resources
+from orchestrator.train.worker import train_loop_per_worker
+from placement.errors import UserError
+from placement.plan import Plan
+
+METRIC = "projected_time_s"
+EXPERIMENT = "sweep"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One point of the search space, with the scaling model's prediction for it."""
+
+    mp_degree: int
+    dp_degree: int
+    global_batch: int
+    num_micro_batches: int
+    lr: float
+    """Learning rate for this global batch (linear scaling from the preset's)."""
+    predicted_step_s: float
+    predicted_time_s: float
+
+    def key(self) -> str:
+        return f"mp{self.mp_degree}-b{self.global_batch}"
+
+
+def linear_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
+    """Goyal et al. 2017's linear scaling rule: lr proportional to the global batch."""
+    return base_lr * global_batch / base_batch
+
+
+def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
+             model: str, preset: str, use_gpu: bool) -> tuple[list[Candidate], list[str]]:
+    """The candidates the cluster can hold, and a reason for each one it cannot."""
+    kept, pruned = [], []
+    for c in candidates:
+        try:
+            check_fits(_train_config(c, model=model, preset=preset, steps=1,
+                                     use_gpu=use_gpu, data=None), list(nodes))
+        except UserError as err:
+            pruned.append(f"{c.key()}: {err}")
+        else:
+            kept.append(c)
+    return kept, pruned
+
+
+def _train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu: bool,
+                  data: str | None) -> TrainConfig:
+    return TrainConfig(model=model, preset=preset, dp_degree=c.dp_degree,
+                       mp_degree=c.mp_degree, global_batch=c.global_batch,
+                       num_micro_batches=c.num_micro_batches, steps=steps, lr=c.lr,
+                       checkpoint_every=steps, data=data, use_gpu=use_gpu)
+
+
+def _trial(config: dict) -> None:
+    """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
+    c = Candidate(**config["candidate"])
+    job = config["job"]
+    cfg = _train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
+                        use_gpu=job["use_gpu"], data=job["data"])
+    context = tune.get_context()
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"train": cfg.to_dict(), "plan": job["plans"][str(c.mp_degree)],
+                           "projection": job["projection"]},
+        scaling_config=ScalingConfig(num_workers=c.dp_degree, use_gpu=cfg.use_gpu,
+                                     resources_per_worker=worker_resources(cfg)),
+        torch_config=TorchConfig(backend=job["backend"]),
+        run_config=RunConfig(name=f"train-{context.get_trial_id()}",
+                             storage_path=job["storage"],
+                             checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             callbacks=[TuneReportCallback()]),
+    )
+    trainer.fit()
+
+
+def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model: str,
+              preset: str, steps: int, storage: str | Path, use_gpu: bool, fake_gpus: bool,
+              data: str | None, projection: dict, max_concurrent: int,
+              time_budget_s: float | None, resume: bool) -> tune.ResultGrid:
+    """Run (or, with `resume`, continue) the sweep; finished trials are never re-run."""
+    storage = str(Path(storage).resolve())
+    path = Path(storage) / EXPERIMENT
+    trainable = tune.with_resources(_trial, {"CPU": 0.01})
+    if resume and tune.Tuner.can_restore(str(path)):
+        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True,
+                                  restart_errored=False).fit()
+    job = {
+        "model": model, "preset": preset, "steps": steps, "use_gpu": use_gpu, "data": data,
+        "plans": {str(m): p.to_dict() for m, p in plans.items()}, "projection": projection,
+        "storage": str(Path(storage) / "trials"),
+        "backend": "gloo" if fake_gpus or not use_gpu else "nccl",
+    }
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"candidate": tune.grid_search([dataclasses.asdict(c) for c in candidates]),
+                     "job": job},
+        tune_config=tune.TuneConfig(
+            scheduler=ASHAScheduler(metric=METRIC, mode="min", time_attr="step",
+                                    max_t=steps, grace_period=max(1, steps // 2)),
+            max_concurrent_trials=max_concurrent, time_budget_s=time_budget_s),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage),
+    )
+    return tuner.fit()
+
+
+def max_concurrent_trials(candidates: Sequence[Candidate], nodes: Sequence[NodeResources],
+                          use_gpu: bool) -> int:
+    """Trials that fit side by side: the cluster's devices over the largest trial's."""
+    total = sum((n.gpus if use_gpu else n.cpus) for n in nodes)
+    largest = max(c.dp_degree * c.mp_degree for c in candidates)
+    return max(1, int(total // largest))
+
