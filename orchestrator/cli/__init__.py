@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from placement.errors import UserError
 
 #: Subcommand modules, each with `add_parser(subparsers)` and `run(args) -> int`.
-COMMANDS = ("plan", "train", "layerwise", "crossover")
+COMMANDS = ("plan", "profile", "train", "layerwise", "crossover")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -12,7 +13,8 @@ from tqdm import tqdm
 
 from orchestrator.models import ModelSpec, build
 from orchestrator.profile.costs import (OpCost, activation_bytes, measure_op,
-                                        reference_env, step_peak_bytes, time_ops)
+                                        op_signature, reference_env, step_peak_bytes,
+                                        time_ops)
 from orchestrator.profile.roofline import Efficiency, op_time_s
 from orchestrator.profile.trace import Partition, partition as cut, trace
 from placement.cluster import A100, H100, V100, preset as cluster_preset
@@ -74,8 +76,12 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
         with tqdm(total=len(part.ops) + steps, desc=f"profiling {spec.name}",
                   unit="step", disable=not progress, leave=False) as bar:
             costs: list[OpCost] = []
+            seen: dict[tuple, OpCost] = {}
             for op in part.ops:
-                costs.append(measure_op(part, op.id, env))
+                key = op_signature(part, op.id, env)
+                if key not in seen:
+                    seen[key] = measure_op(part, op.id, env)
+                costs.append(copy.deepcopy(seen[key]))
                 bar.update()
             if timed:
                 times = time_ops(part, data, repeats=repeats, warmup=warmup,

@@ -47,10 +47,11 @@ class OpCost:
     backward_kernels: list[Kernel] = field(default_factory=list)
     saved_bytes: float = 0.0
     """Bytes of tensors the op itself creates and saves for its backward."""
-    saved_inputs: dict[str, float] = field(default_factory=dict)
-    """Input value name -> bytes, for inputs the op saves for its backward."""
-    saved_outputs: set[str] = field(default_factory=set)
-    """Its own output values it saves (so a consumer saving them adds nothing)."""
+    saved_inputs: dict[int, float] = field(default_factory=dict)
+    """Position in the op's `inputs` -> bytes, for inputs it saves for its backward."""
+    saved_outputs: set[int] = field(default_factory=set)
+    """Positions in its `outputs` of values it saves (a consumer saving them adds
+    nothing)."""
 
     @property
     def forward_flops(self) -> float:
@@ -144,6 +145,22 @@ def reference_env(part: Partition, batch: tuple[torch.Tensor, ...]) -> dict[str,
     return env
 
 
+def op_signature(part: Partition, op_id: int, env: dict[str, Any]) -> tuple:
+    """What determines an op's kernels: its nodes' targets and the shapes it reads and
+    writes. The chunks of one recurrent layer share it (but for the first, which starts
+    from a zero state, and a shorter last one), so they are costed once."""
+    op = part.ops[op_id]
+
+    def shapes(names: Iterable[str]) -> tuple:
+        return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+                     for v in (env[n] for n in names))
+
+    nodes = tuple((part.nodes[n].op, str(part.nodes[n].target)) for n in op.nodes)
+    reads = [a.name for n in op.nodes for a in part.nodes[n].all_input_nodes
+             if a.name in env]
+    return nodes, shapes(op.inputs), shapes(reads), shapes(op.nodes)
+
+
 def measure_op(part: Partition, op_id: int, env: dict[str, Any]) -> OpCost:
     """Kernels and saved bytes of op `op_id` run alone on its inputs from `env`."""
     op = part.ops[op_id]
@@ -170,7 +187,7 @@ def measure_op(part: Partition, op_id: int, env: dict[str, Any]) -> OpCost:
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         outs, cost.forward_kernels = _kernels(forward)
     _, cost.backward_kernels = _kernels(lambda: backward(outs))
-    _attribute_saved(cost, saved, inputs, dict(zip(op.outputs, outs)), params)
+    _attribute_saved(cost, saved, list(inputs.values()), outs, params)
     return cost
 
 
@@ -220,11 +237,11 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
     return [(statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd)]
 
 
-def _attribute_saved(cost: OpCost, saved: _SavedLog, inputs: dict[str, Any],
-                     outputs: dict[str, Any], params: list[torch.Tensor]) -> None:
+def _attribute_saved(cost: OpCost, saved: _SavedLog, inputs: list[Any],
+                     outputs: list[Any], params: list[torch.Tensor]) -> None:
     param_ids = _storage_ids(params)
-    input_ids = {sid: name for name, v in inputs.items() for sid in _storage_ids([v])}
-    output_ids = {sid: name for name, v in outputs.items() for sid in _storage_ids([v])}
+    input_ids = {sid: i for i, v in enumerate(inputs) for sid in _storage_ids([v])}
+    output_ids = {sid: i for i, v in enumerate(outputs) for sid in _storage_ids([v])}
     for sid, (_, nbytes) in saved.saved.items():
         if sid in param_ids:
             continue
@@ -239,11 +256,12 @@ def _attribute_saved(cost: OpCost, saved: _SavedLog, inputs: dict[str, Any],
 def activation_bytes(part: Partition, costs: list[OpCost]) -> list[float]:
     """Saved-for-backward bytes per op, each value counted once: by its producer if the
     producer saves it, else by its first consumer that does."""
-    counted = {name for c in costs for name in c.saved_outputs}
+    counted = {part.ops[i].outputs[j] for i, c in enumerate(costs) for j in c.saved_outputs}
     result = []
-    for c in costs:
+    for op, c in zip(part.ops, costs):
         extra = 0.0
-        for name, nbytes in c.saved_inputs.items():
+        for j, nbytes in c.saved_inputs.items():
+            name = op.inputs[j]
             if name not in counted:
                 counted.add(name)
                 extra += nbytes

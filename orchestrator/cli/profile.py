@@ -1,0 +1,66 @@
+"""`orchestrator profile`: trace a model into a costed op graph and save it as JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from orchestrator.profile.api import TARGETS, profile_model
+from placement.cluster import preset
+from placement.graph import OpGraph
+from placement.io import save_graph
+from placement.planner import PlanConfig, plan
+
+#: The cluster preset whose device is each --target.
+CLUSTER_FOR_TARGET = {"cpu": "cpu", "v100": "dgx1-v100", "a100": "dgx-a100",
+                      "h100": "dgx-h100"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="trace and cost a model into an op graph",
+                       description=__doc__)
+    p.add_argument("--model", required=True,
+                   help="biglstm, gnmt, inception_v3, vgg16, or MODULE:FUNCTION")
+    p.add_argument("--preset", default="tiny",
+                   help="tiny (measured on this CPU) or paper (meta device, projected)")
+    p.add_argument("--batch", type=int, default=None, help="samples per step "
+                   "(default: the preset's)")
+    p.add_argument("--seq-chunk", type=int, default=None, dest="seq_chunk",
+                   help="time steps per op of a recurrent model (default: the preset's)")
+    p.add_argument("--target", default="cpu",
+                   help=f"device kind to report: {', '.join(TARGETS)} (default: cpu)")
+    p.add_argument("--repeats", type=int, default=5, help="timed steps per op (median)")
+    p.add_argument("--out", required=True, help="write the op graph JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    graph = profile_model(args.model, preset=args.preset, batch=args.batch,
+                          seq_chunk=args.seq_chunk, target=args.target,
+                          repeats=args.repeats, progress=not args.quiet)
+    save_graph(graph, args.out)
+    print(summary(graph, args.target))
+    print(f"  wrote {args.out}")
+    return 0
+
+
+def summary(graph: OpGraph, target: str) -> str:
+    md = graph.metadata
+    step = plan(graph, preset(CLUSTER_FOR_TARGET[target]), PlanConfig(num_devices=1))
+    flops = md["forward_flops"] + md["backward_flops"]
+    kinds: dict[str, int] = {}
+    for op in graph.ops:
+        kind = str(op.attrs["layer_kind"])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    source = md["cpu_times"] if target == "cpu" else md["gpu_times"]
+    return "\n".join([
+        f"{graph.name}: {len(graph.ops)} ops, {len(graph.edges)} edges, batch {md['batch']}"
+        + (f", {md['seq_chunk']} time steps per op" if md.get("seq_chunk") else ""),
+        "  ops by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
+        f"  parameters {md['param_bytes'] / 4:,.0f} ({md['param_bytes'] / 2**20:,.1f} MiB)"
+        f"   step peak memory {md['step_peak_bytes'] / 2**20:,.1f} MiB",
+        f"  FLOPs per step {flops:.4g} (forward {md['forward_flops']:.4g})",
+        f"  predicted single-device step time on {target}: {step.step_time * 1e3:.4g} ms "
+        f"({source}), {md['batch'] / step.step_time:,.1f} samples/s",
+        f"  profiled in {md['profile_seconds']:.1f} s",
+    ])
