@@ -102,15 +102,28 @@ def build(name: str, preset: str = "tiny", *, seq_chunk: int | None = None,
 
 class WithLoss(nn.Module):
     """A user's (module, loss_fn) pair as one module returning the loss; the last batch
-    tensor is the target."""
+    tensor is the target. Built by `with_loss`, which gives `forward` one named
+    parameter per batch tensor (torch.fx traces the class's forward and cannot trace
+    `*args`)."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
 
-    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model(*batch[:-1]), batch[-1])
+
+def with_loss(model: nn.Module, loss_fn: Callable, num_tensors: int) -> WithLoss:
+    if num_tensors < 2:
+        raise UserError(f"a (module, make_batch, loss_fn) model needs inputs and a "
+                        f"target, but make_batch returned {num_tensors} tensor(s): "
+                        "return (inputs..., target)")
+    names = [f"x{i}" for i in range(num_tensors)]
+    scope: dict[str, object] = {}
+    exec(f"def forward(self, {', '.join(names)}):\n"  # noqa: S102 - fixed arity only
+         f"    return self.loss_fn(self.model({', '.join(names[:-1])}), {names[-1]})",
+         scope)
+    cls = type(f"WithLoss{num_tensors}", (WithLoss,), {"forward": scope["forward"]})
+    return cls(model, loss_fn)
 
 
 def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
@@ -131,7 +144,7 @@ def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
                         "(module, make_batch) or (module, make_batch, loss_fn)")
     module, user_batch = built[0], built[1]
     if len(built) == 3:
-        module = WithLoss(module, built[2])
+        module = with_loss(module, built[2], len(user_batch(1)))
 
     def batch_fn(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
         torch.manual_seed(seed)

@@ -1,0 +1,79 @@
+"""`orchestrator profile`: the graph it writes, its summary, and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.cli import main
+from placement.io import load_graph
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_cli(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_profile_writes_a_graph_and_a_summary(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    code, stdout, _ = run_cli(["profile", "--model", "biglstm", "--preset", "tiny",
+                               "--seq-chunk", "4", "--repeats", "1", "--quiet",
+                               "--target", "v100", "--out", str(out)], capsys)
+    assert code == 0
+    graph = load_graph(out)
+    assert graph.metadata["seq_chunk"] == 4 and graph.metadata["target"] == "v100"
+    assert sum(op.name.startswith("lstm.") for op in graph.ops) == 4   # 2 layers x 2 chunks
+    assert f"{len(graph.ops)} ops" in stdout and "parameters 406,480" in stdout
+    assert "predicted single-device step time on v100" in stdout
+
+
+def untraceable(preset):
+    class Gate(torch.nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    def make_batch(n):
+        return (torch.randn(n, 3), torch.randn(n, 3))
+
+    return torch.nn.Sequential(torch.nn.Linear(3, 3), Gate()), make_batch, \
+        torch.nn.functional.mse_loss
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "resnet"], "choose one of biglstm, gnmt, inception_v3, vgg16"),
+    (["--model", "gnmt", "--preset", "big"], "choose one of paper, tiny"),
+    (["--model", "vgg16", "--target", "tpu"], "choose one of cpu, v100, a100, h100"),
+    (["--model", "tests.orchestrator.test_cli_profile:untraceable"],
+     "module 'model.1' (Gate) failed"),
+])
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
+    code, out, err = run_cli(["profile", *argv, "--quiet", "--out",
+                              str(tmp_path / "g.json")], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err
+    if "Gate" in message:
+        assert "leaf_module" in err
+
+
+def test_no_traceback_from_a_real_process(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "profile", "--model",
+                             "alexnet", "--out", str(tmp_path / "g.json")],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "unknown model 'alexnet'" in result.stderr
