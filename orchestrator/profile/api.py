@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -17,7 +16,7 @@ from orchestrator.profile.costs import (OpCost, activation_bytes, measure_op,
                                         time_ops)
 from orchestrator.profile.roofline import Efficiency, op_time_s
 from orchestrator.profile.trace import Partition, partition as cut, trace
-from placement.cluster import A100, H100, V100, preset as cluster_preset
+from placement.cluster import A100, H100, V100, DeviceKind, preset as cluster_preset
 from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
 
@@ -48,6 +47,7 @@ def _threads(n: int):
 def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                   seq_chunk: int | None = None, target: str = "cpu", repeats: int = 5,
                   warmup: int = 2, efficiency: Efficiency | None = None,
+                  extra_kinds: tuple[DeviceKind, ...] = (),
                   progress: bool = False) -> OpGraph:
     """Trace, cut and cost `model` (a registered name or "MODULE:FN").
 
@@ -55,7 +55,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     the CPU are projected like the GPUs' instead of measured. Otherwise each op is timed
     on one CPU thread (one core acts as one device). Every graph carries times for
     `cpu` and each GPU kind in PROJECTED_KINDS; `target` names the kind the graph is
-    meant for (recorded in its metadata, and the one `summary` reports).
+    meant for (recorded in its metadata, and the one `summary` reports);
+    `extra_kinds` adds projected times for more device kinds (keyed by their names).
     """
     if target not in TARGETS:
         raise UserError(f"unknown --target {target!r}: choose one of {', '.join(TARGETS)}")
@@ -90,7 +91,7 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                     cost.forward_s, cost.backward_s = f, b
         memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, timed=timed, batch=batch,
-                      target=target)
+                      target=target, extra_kinds=extra_kinds)
     metadata = dict(graph.metadata, **memory,
                     profile_seconds=round(time.perf_counter() - start, 3))
     return OpGraph(ops=graph.ops, edges=graph.edges, name=graph.name, metadata=metadata)
@@ -154,25 +155,26 @@ def _colocation(part: Partition) -> dict[int, str]:
 
 
 def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
-              eff: Efficiency, *, timed: bool, batch: int, target: str) -> OpGraph:
+              eff: Efficiency, *, timed: bool, batch: int, target: str,
+              extra_kinds: tuple[DeviceKind, ...]) -> OpGraph:
     params = dict(part.module.named_parameters())
     colocation = _colocation(part)
     acts = activation_bytes(part, costs)
     counted: set[str] = set()
-    cpu = cluster_preset("cpu").device
+    projected = {k: TARGETS[k] for k in PROJECTED_KINDS}
+    projected.update((kind.name, kind) for kind in extra_kinds)
+    if not timed:
+        projected["cpu"] = cluster_preset("cpu").device
     ops = []
     for op, cost in zip(part.ops, costs):
         own = [p for p in op.params if p not in counted]
         counted.update(own)
-        fwd = {k: op_time_s(cost.forward_kernels, op.kind, TARGETS[k], eff)
-               for k in PROJECTED_KINDS}
-        bwd = {k: op_time_s(cost.backward_kernels, op.kind, TARGETS[k], eff)
-               for k in PROJECTED_KINDS}
+        fwd = {k: op_time_s(cost.forward_kernels, op.kind, d, eff)
+               for k, d in projected.items()}
+        bwd = {k: op_time_s(cost.backward_kernels, op.kind, d, eff)
+               for k, d in projected.items()}
         if timed:
             fwd["cpu"], bwd["cpu"] = cost.forward_s, cost.backward_s
-        else:
-            fwd["cpu"] = op_time_s(cost.forward_kernels, op.kind, cpu, eff)
-            bwd["cpu"] = op_time_s(cost.backward_kernels, op.kind, cpu, eff)
         anchor = part.nodes[op.nodes[0]]
         attrs = {
             "layer_kind": op.kind,
@@ -217,5 +219,3 @@ def single_device_step_s(graph: OpGraph, kind: str) -> float:
     backward in sequence (nothing overlaps on one device)."""
     return sum(op.time_s(kind) + op.time_s(kind, backward=True) for op in graph.ops)
 
-
-ProgressFn = Callable[[int, int], None]

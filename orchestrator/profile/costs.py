@@ -194,47 +194,129 @@ def measure_op(part: Partition, op_id: int, env: dict[str, Any]) -> OpCost:
 def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
              warmup: int, progress: Callable[[], None] | None = None
              ) -> list[tuple[float, float]]:
-    """Median (forward_s, backward_s) of every op, timed inside whole steps.
+    """(forward_s, backward_s) of every op, measured inside whole training steps.
 
-    Each step runs the ops in id order, each on detached copies of its inputs (as the
-    executor does across devices), then their backwards in reverse order, each a
-    separate `torch.autograd.backward` that hands its input gradients to the
-    producers. Timing ops in the order of a real step, rather than one op over and
-    over, keeps the cache and allocator effects of a real step in the figures.
+    Each step runs the ops in id order with the autograd graph connected (exactly the
+    computation of `module(*batch).backward()`), timing each op's forward; then one
+    backward, with hooks on every autograd node that attribute the wall time since the
+    previous node finished to the op whose forward created the node (the CPU engine
+    runs nodes one at a time, so this splits the backward's wall time among the ops).
+    Timing ops inside real steps, rather than one op over and over, keeps the cache,
+    allocator and engine effects of a real step in the figures.
+
+    An op's time is its mean over the *central* steps: those whose total lies between
+    the quartiles of the step totals (all steps when there are fewer than 4). A
+    per-op median would be robust too, but on a shared machine op times are
+    right-skewed (preemption), and a sum of medians falls well below the median of
+    sums, which is what a step takes; means over the central steps add up to it.
     """
     fwd: list[list[float]] = [[] for _ in part.ops]
     bwd: list[list[float]] = [[] for _ in part.ops]
+    hook_s = hook_overhead_s()
     for rep in range(warmup + repeats):
         part.module.zero_grad(set_to_none=True)
-        base = part.inputs_env(batch)
-        env: dict[str, Any] = {}
-        leaves: list[dict[str, torch.Tensor]] = []
+        env = part.inputs_env(batch)
+        owner: dict[torch.autograd.graph.Node, int] = {}
+        step_fwd = [0.0] * len(part.ops)
         for op in part.ops:
             t0 = time.perf_counter()
-            local = {k: (env[k].detach().requires_grad_(True) if _is_float(env[k])
-                         else env[k]) for k in op.inputs}
-            leaves.append({k: v for k, v in local.items() if _is_float(v)})
-            local.update(base)
-            part.run_op(op.id, local)
-            env.update((k, local[k]) for k in op.outputs)
-            if rep >= warmup:
-                fwd[op.id].append(time.perf_counter() - t0)
-        grads: dict[str, torch.Tensor] = {part.loss: torch.ones_like(env[part.loss])}
-        for op in reversed(part.ops):
-            t0 = time.perf_counter()
-            pairs = [(env[k], grads[k]) for k in op.outputs
-                     if k in grads and env[k].requires_grad]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            for k, leaf in leaves[op.id].items():
-                if leaf.grad is not None:
-                    grads[k] = grads[k] + leaf.grad if k in grads else leaf.grad
-            if rep >= warmup:
-                bwd[op.id].append(time.perf_counter() - t0)
+            part.run_op(op.id, env)
+            step_fwd[op.id] = time.perf_counter() - t0
+            _claim_nodes(owner, [env[k] for k in op.outputs], op.id)
+        step_bwd = _timed_backward(env[part.loss], owner, len(part.ops), hook_s)
+        if rep >= warmup:
+            for i in range(len(part.ops)):
+                fwd[i].append(step_fwd[i])
+                bwd[i].append(step_bwd[i])
         if progress is not None:
             progress()
     part.module.zero_grad(set_to_none=True)
-    return [(statistics.median(f), statistics.median(b)) for f, b in zip(fwd, bwd)]
+    keep = central_steps([sum(f[r] + b[r] for f, b in zip(fwd, bwd))
+                          for r in range(repeats)])
+    return [(statistics.fmean(f[r] for r in keep), statistics.fmean(b[r] for r in keep))
+            for f, b in zip(fwd, bwd)]
+
+
+def _claim_nodes(owner: dict, outputs: list[Any], op_id: int) -> None:
+    """Give op `op_id` every autograd node reachable from its outputs that no earlier
+    op has (the nodes its forward created, parameter accumulators included)."""
+    stack = [t.grad_fn for t in outputs
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in owner:
+            continue
+        owner[node] = op_id
+        stack.extend(n for n, _ in node.next_functions)
+
+
+def _timed_backward(loss: torch.Tensor, owner: dict, num_ops: int,
+                    hook_s: float) -> list[float]:
+    """Backward of `loss`, its wall time split among the ops (see `time_ops`), less
+    `hook_s` per hook call: what the timing hooks themselves cost."""
+    spent = [0.0] * num_ops
+    last = [0.0]
+
+    def make_hook(op_id: int):
+        def hook(*_):
+            now = time.perf_counter()
+            spent[op_id] += now - last[0] - hook_s
+            last[0] = now
+        return hook
+
+    handles = [node.register_hook(make_hook(op_id)) for node, op_id in owner.items()]
+    last[0] = time.perf_counter()
+    loss.backward()
+    for h in handles:
+        h.remove()
+    return [max(t, 0.0) for t in spent]
+
+
+def hook_overhead_s(num_nodes: int = 400, repeats: int = 7) -> float:
+    """Seconds one timing hook adds to a backward: a chain of `num_nodes` cheap autograd
+    nodes, with and without hooks, median of `repeats` each."""
+
+    def run(hooked: bool) -> float:
+        x = torch.ones(1, requires_grad=True)
+        y = x
+        for _ in range(num_nodes):
+            y = y * 1.0
+        nodes, node = [], y.grad_fn
+        while node is not None and node.next_functions:
+            nodes.append(node)
+            node = node.next_functions[0][0]
+        noop = _timed_noop()
+        handles = [n.register_hook(noop) for n in nodes] if hooked else []
+        t0 = time.perf_counter()
+        y.backward()
+        elapsed = time.perf_counter() - t0
+        for h in handles:
+            h.remove()
+        return elapsed
+
+    plain = statistics.median(run(False) for _ in range(repeats))
+    hooked = statistics.median(run(True) for _ in range(repeats))
+    return max(hooked - plain, 0.0) / num_nodes
+
+
+def _timed_noop():
+    """A hook doing the same work as `_timed_backward`'s, writing nowhere useful."""
+    spent = [0.0]
+    last = [time.perf_counter()]
+
+    def hook(*_):
+        now = time.perf_counter()
+        spent[0] += now - last[0]
+        last[0] = now
+    return hook
+
+
+def central_steps(totals: list[float]) -> list[int]:
+    """Indices of the steps whose total lies between the quartiles (all if < 4)."""
+    if len(totals) < 4:
+        return list(range(len(totals)))
+    q1, _, q3 = statistics.quantiles(totals, n=4)
+    return [r for r, t in enumerate(totals) if q1 <= t <= q3]
 
 
 def _attribute_saved(cost: OpCost, saved: _SavedLog, inputs: list[Any],

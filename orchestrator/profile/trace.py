@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -188,21 +189,63 @@ class Partition:
         return env[self.loss]
 
     def eval_node(self, node: fx.Node, env: Mapping[str, Any]) -> Any:
-        if node.op == "get_attr":
-            return _fetch_attr(self.module, node.target)
+        return self._compiled[node.name](env)
 
-        def load(n: fx.Node) -> Any:
-            return _fetch_attr(self.module, n.target) if n.op == "get_attr" else env[n.name]
+    @cached_property
+    def _compiled(self) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+        """Per node, a function of the env computing it: callables and parameters are
+        looked up once, so interpreting the graph op by op costs little more than
+        the traced module's own code (the profiler times ops this way)."""
+        return {name: _compile(node, self.module) for name, node in self.nodes.items()
+                if node.op not in ("placeholder", "output")}
 
-        args = fx.node.map_arg(node.args, load)
-        kwargs = fx.node.map_arg(node.kwargs, load)
-        if node.op == "call_module":
-            return self.module.get_submodule(node.target)(*args, **kwargs)
-        if node.op == "call_function":
-            return node.target(*args, **kwargs)
-        if node.op == "call_method":
-            return getattr(args[0], node.target)(*args[1:], **kwargs)
+
+def _compile(node: fx.Node, module: fx.GraphModule) -> Callable[[Mapping[str, Any]], Any]:
+    if node.op == "get_attr":
+        value = _fetch_attr(module, node.target)
+        return lambda env: value
+    if node.op == "call_module":
+        fn = module.get_submodule(node.target)
+    elif node.op == "call_function":
+        fn = node.target
+    elif node.op == "call_method":
+        name = node.target
+
+        def fn(obj, *args, **kwargs):
+            return getattr(obj, name)(*args, **kwargs)
+    else:
         raise AssertionError(f"node {node.name} ({node.op}) is not part of any op")
+
+    def loader(n: fx.Node) -> Callable[[Mapping[str, Any]], Any]:
+        if n.op == "get_attr":
+            value = _fetch_attr(module, n.target)
+            return lambda env: value
+        key = n.name
+        return lambda env: env[key]
+
+    nested = any(isinstance(a, (list, tuple, dict, slice)) for a in
+                 (*node.args, *node.kwargs.values()))
+    if nested:
+        args_t, kwargs_t = node.args, node.kwargs
+
+        def load_nested(env: Mapping[str, Any]):
+            def get(n: fx.Node) -> Any:
+                return _fetch_attr(module, n.target) if n.op == "get_attr" else env[n.name]
+            return fx.node.map_arg(args_t, get), fx.node.map_arg(kwargs_t, get)
+
+        def run_nested(env: Mapping[str, Any]) -> Any:
+            args, kwargs = load_nested(env)
+            return fn(*args, **kwargs)
+        return run_nested
+
+    getters = [loader(a) if isinstance(a, fx.Node) else (lambda env, c=a: c)
+               for a in node.args]
+    kw_getters = {k: loader(v) if isinstance(v, fx.Node) else (lambda env, c=v: c)
+                  for k, v in node.kwargs.items()}
+
+    def run(env: Mapping[str, Any]) -> Any:
+        return fn(*[g(env) for g in getters], **{k: g(env) for k, g in kw_getters.items()})
+    return run
 
 
 def _fetch_attr(module: nn.Module, target: str) -> Any:
