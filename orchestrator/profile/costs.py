@@ -1,17 +1,17 @@
 """What each op of a partition costs: measured on this CPU and projected for GPUs.
 
-Per op, from running it alone on its recorded inputs:
-- `forward_s`/`backward_s` measured on the local device (warm-up, then the median of
-  `repeats` runs; the backward is `torch.autograd.grad` of the op's outputs with
-  respect to its inputs and parameters);
-- every aten kernel it runs, forward and backward, with its FLOPs (from
-  `torch.utils.flop_counter`) and the bytes it reads and writes (views move nothing);
-  these feed the roofline projection of `orchestrator.profile.roofline`;
-- the bytes it saves for the backward (activations), counted once per storage across
-  the graph, parameters excluded.
+- `time_ops`: forward and backward seconds of every op on the local device, measured
+  inside whole training steps (warm-up steps, then `repeats` timed ones; see there).
+- `measure_op`: the op run alone on its recorded inputs, forward and
+  `torch.autograd.grad` backward: every aten kernel it runs with its FLOPs (from
+  `torch.utils.flop_counter`) and the bytes it reads and writes (views move nothing),
+  which feed the roofline of `orchestrator.profile.roofline`; and the bytes it saves
+  for the backward (activations), counted once per storage across the graph,
+  parameters excluded.
+- `step_peak_bytes`: the peak of live memory over one whole training step.
 
-Everything runs on the meta device as well (no timing there): FLOPs, bytes and memory
-are exact without allocating a weight.
+Everything but the timing runs on the meta device as well: FLOPs, bytes and memory are
+exact without allocating a weight.
 """
 
 from __future__ import annotations
