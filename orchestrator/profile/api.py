@@ -123,6 +123,23 @@ def _shape(v) -> list[int] | None:
     return list(v.shape) if isinstance(v, torch.Tensor) else None
 
 
+def _kernel_size(part: Partition, anchor) -> list[int] | None:
+    """Window of a convolution or pooling op, as [height, width]."""
+    if anchor.op == "call_module":
+        size = getattr(part.module.get_submodule(anchor.target), "kernel_size", None)
+    elif anchor.op == "call_function" and getattr(anchor.target, "__name__", "") in (
+            "max_pool2d", "avg_pool2d", "_max_pool2d", "max_pool2d_with_indices"):
+        size = anchor.kwargs.get("kernel_size", anchor.args[1] if len(anchor.args) > 1
+                                 else None)
+    else:
+        return None
+    if isinstance(size, int):
+        return [size, size]
+    if isinstance(size, tuple | list) and all(isinstance(k, int) for k in size):
+        return list(size)
+    return None
+
+
 def _colocation(part: Partition) -> dict[int, str]:
     """Ops that share a parameter must sit together: name each such set after the
     module of its first parameter."""
@@ -192,6 +209,9 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
         }
         if op.kind in ("conv2d", "linear") and anchor.op == "call_module":
             attrs["weight_shape"] = list(params[f"{anchor.target}.weight"].shape)
+        kernel = _kernel_size(part, anchor)
+        if kernel is not None:
+            attrs["kernel_size"] = kernel
         ops.append(Op(
             id=op.id, name=op.name, forward_s=fwd, backward_s=bwd,
             output_bytes=sum(_value_bytes(env[n]) for n in op.outputs),
