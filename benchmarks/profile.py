@@ -4,9 +4,9 @@
 
 1. Fidelity: for each `tiny` model, the simulated single-device step time of its profiled
    graph (`placement.planner.plan` on one device of the `cpu` preset) against the measured
-   whole forward+backward step of the model, both on one CPU thread. Each trial profiles
-   and then measures, back to back; we report medians over trials (the machine is
-   shared and noisy).
+   whole forward+backward step of the model (median of 7 steps just before and 7 just
+   after profiling, averaged), both on one CPU thread; medians over trials (the machine
+   is shared and noisy).
 2. Speed: seconds to profile each `tiny` model (measured) and each `paper` model (meta).
 3. Projection: single-device training throughput of the `paper` models from the
    roofline, next to published figures.
@@ -49,9 +49,13 @@ def fidelity(trials: int) -> list[dict]:
     for name in MODEL_NAMES:
         sims, measured, ratios, seconds = [], [], [], []
         for _ in range(trials):
+            # Measure the model's own step just before and just after profiling, so
+            # both see the same load on this shared machine.
+            before = measure_step_s(name, preset="tiny", repeats=7, warmup=2)
             graph = profile_model(name, preset="tiny", repeats=7, warmup=2)
+            after = measure_step_s(name, preset="tiny", repeats=7, warmup=2)
             sim = plan(graph, preset("cpu"), PlanConfig(num_devices=1)).step_time
-            real = measure_step_s(name, preset="tiny", repeats=15, warmup=3)
+            real = (before + after) / 2
             sims.append(sim)
             measured.append(real)
             ratios.append(sim / real)

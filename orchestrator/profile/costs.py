@@ -198,11 +198,13 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
 
     Each step runs the ops in id order with the autograd graph connected (exactly the
     computation of `module(*batch).backward()`), timing each op's forward; then one
-    backward, with hooks on every autograd node that attribute the wall time since the
+    backward with a hook on every autograd node, which gives the wall time since the
     previous node finished to the op whose forward created the node (the CPU engine
-    runs nodes one at a time, so this splits the backward's wall time among the ops).
-    Timing ops inside real steps, rather than one op over and over, keeps the cache,
-    allocator and engine effects of a real step in the figures.
+    runs nodes one at a time, so this splits the backward among the ops). The hooks
+    cost time themselves, so the same step is run once more without them, and the
+    ops' backward shares are scaled to that clean backward time. Timing ops inside
+    real steps, rather than one op over and over, keeps the cache, allocator and
+    engine effects of a real step in the figures.
 
     An op's time is its mean over the *central* steps: those whose total lies between
     the quartiles of the step totals (all steps when there are fewer than 4). A
@@ -212,7 +214,6 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
     """
     fwd: list[list[float]] = [[] for _ in part.ops]
     bwd: list[list[float]] = [[] for _ in part.ops]
-    hook_s = hook_overhead_s()
     for rep in range(warmup + repeats):
         part.module.zero_grad(set_to_none=True)
         env = part.inputs_env(batch)
@@ -223,11 +224,18 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
             part.run_op(op.id, env)
             step_fwd[op.id] = time.perf_counter() - t0
             _claim_nodes(owner, [env[k] for k in op.outputs], op.id)
-        step_bwd = _timed_backward(env[part.loss], owner, len(part.ops), hook_s)
+        shares = _backward_shares(env[part.loss], owner, len(part.ops))
+        del env, owner
+        part.module.zero_grad(set_to_none=True)
+        loss = part.run(batch)
+        t0 = time.perf_counter()
+        loss.backward()
+        clean_s = time.perf_counter() - t0
+        scale = clean_s / sum(shares) if sum(shares) > 0 else 0.0
         if rep >= warmup:
             for i in range(len(part.ops)):
                 fwd[i].append(step_fwd[i])
-                bwd[i].append(step_bwd[i])
+                bwd[i].append(shares[i] * scale)
         if progress is not None:
             progress()
     part.module.zero_grad(set_to_none=True)
@@ -250,17 +258,15 @@ def _claim_nodes(owner: dict, outputs: list[Any], op_id: int) -> None:
         stack.extend(n for n, _ in node.next_functions)
 
 
-def _timed_backward(loss: torch.Tensor, owner: dict, num_ops: int,
-                    hook_s: float) -> list[float]:
-    """Backward of `loss`, its wall time split among the ops (see `time_ops`), less
-    `hook_s` per hook call: what the timing hooks themselves cost."""
+def _backward_shares(loss: torch.Tensor, owner: dict, num_ops: int) -> list[float]:
+    """Backward of `loss`, its wall time split among the ops (see `time_ops`)."""
     spent = [0.0] * num_ops
     last = [0.0]
 
     def make_hook(op_id: int):
         def hook(*_):
             now = time.perf_counter()
-            spent[op_id] += now - last[0] - hook_s
+            spent[op_id] += now - last[0]
             last[0] = now
         return hook
 
@@ -269,46 +275,7 @@ def _timed_backward(loss: torch.Tensor, owner: dict, num_ops: int,
     loss.backward()
     for h in handles:
         h.remove()
-    return [max(t, 0.0) for t in spent]
-
-
-def hook_overhead_s(num_nodes: int = 400, repeats: int = 7) -> float:
-    """Seconds one timing hook adds to a backward: a chain of `num_nodes` cheap autograd
-    nodes, with and without hooks, median of `repeats` each."""
-
-    def run(hooked: bool) -> float:
-        x = torch.ones(1, requires_grad=True)
-        y = x
-        for _ in range(num_nodes):
-            y = y * 1.0
-        nodes, node = [], y.grad_fn
-        while node is not None and node.next_functions:
-            nodes.append(node)
-            node = node.next_functions[0][0]
-        noop = _timed_noop()
-        handles = [n.register_hook(noop) for n in nodes] if hooked else []
-        t0 = time.perf_counter()
-        y.backward()
-        elapsed = time.perf_counter() - t0
-        for h in handles:
-            h.remove()
-        return elapsed
-
-    plain = statistics.median(run(False) for _ in range(repeats))
-    hooked = statistics.median(run(True) for _ in range(repeats))
-    return max(hooked - plain, 0.0) / num_nodes
-
-
-def _timed_noop():
-    """A hook doing the same work as `_timed_backward`'s, writing nowhere useful."""
-    spent = [0.0]
-    last = [time.perf_counter()]
-
-    def hook(*_):
-        now = time.perf_counter()
-        spent[0] += now - last[0]
-        last[0] = now
-    return hook
+    return spent
 
 
 def central_steps(totals: list[float]) -> list[int]:
