@@ -76,15 +76,16 @@ def projection() -> list[dict]:
         md = graph.metadata
         unit, per_sample, published, kind, source = PUBLISHED[name]
         # On one device nothing overlaps: plan()'s step time is the sum of op times.
+        v100_step = plan(graph, preset("dgx1-v100"), PlanConfig(num_devices=1)).step_time
         step = single_device_step_s(graph, kind)
-        rate = md["batch"] * per_sample / step
         rows.append({"model": name, "ops": len(graph.ops),
                      "profile_s": md["profile_seconds"], "param_bytes": md["param_bytes"],
                      "peak_bytes": md["step_peak_bytes"],
                      "flops": md["forward_flops"] + md["backward_flops"],
-                     "batch": md["batch"], "kind": kind, "step_ms": 1e3 * step,
-                     "rate": rate, "unit": unit, "published": published,
-                     "source": source})
+                     "batch": md["batch"], "v100_ms": 1e3 * v100_step,
+                     "v100_rate": md["batch"] * per_sample / v100_step,
+                     "kind": kind, "rate": md["batch"] * per_sample / step, "unit": unit,
+                     "published": published, "source": source})
     return rows
 
 
@@ -98,16 +99,19 @@ def report(fid: list[dict], proj: list[dict]) -> str:
                      f"{r['high']:.2f}) | {r['profile_s']:.1f} s |")
     if proj:
         lines += ["", "| model (paper, meta) | ops | profiling | params | step peak | "
-                  "FLOPs/step | batch | device | projected step | projected rate | "
-                  "published | ratio |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "FLOPs/step | batch | V100 step | V100 rate | published (device) | "
+                  "projected on that device | ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in proj:
-            pub = f"{r['published']:,} {r['unit']}" if r["published"] else "n/a"
+            pub = (f"{r['published']:,} {r['unit']} ({r['kind']})" if r["published"]
+                   else "n/a")
+            ours = f"{r['rate']:,.0f}" if r["published"] else "n/a"
             ratio = f"{r['rate'] / r['published']:.2f}" if r["published"] else "n/a"
             lines.append(
                 f"| {r['model']} | {r['ops']} | {r['profile_s']:.1f} s | "
                 f"{r['param_bytes'] / 2**30:.2f} GiB | {r['peak_bytes'] / 2**30:.2f} GiB | "
-                f"{r['flops']:.3g} | {r['batch']} | {r['kind']} | {r['step_ms']:.0f} ms | "
-                f"{r['rate']:,.0f} {r['unit']} | {pub} | {ratio} |")
+                f"{r['flops']:.3g} | {r['batch']} | {r['v100_ms']:.0f} ms | "
+                f"{r['v100_rate']:,.0f} {r['unit']} | {pub} | {ours} | {ratio} |")
         lines += [""] + [f"- {r['model']}: {r['source']}" for r in proj]
     return "\n".join(lines)
 
