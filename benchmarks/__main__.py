@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-AREAS = ("baselines", "layerwise", "crossover")
+AREAS = ("baselines", "profile", "layerwise", "crossover")
 
 
 def main(argv: list[str]) -> int:
