@@ -38,6 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def default_preset(graph: OpGraph) -> str:
+    """The preset of the graph's profiling target (`orchestrator profile --target`),
+    else of its only device kind, else dgx1-v100."""
+    target = graph.metadata.get("target")
+    if target in _PRESET_FOR_KIND and target in graph.device_kinds:
+        return _PRESET_FOR_KIND[str(target)]
     kinds = sorted(graph.device_kinds)
     return _PRESET_FOR_KIND.get(kinds[0], "dgx1-v100") if len(kinds) == 1 else "dgx1-v100"
 

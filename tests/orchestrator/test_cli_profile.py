@@ -77,3 +77,11 @@ def test_no_traceback_from_a_real_process(tmp_path):
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "unknown model 'alexnet'" in result.stderr
+
+
+def test_plan_defaults_to_the_profiled_target(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    assert run_cli(["profile", "--model", "vgg16", "--repeats", "1", "--quiet",
+                    "--out", str(out)], capsys)[0] == 0
+    code, stdout, _ = run_cli(["plan", "--graph", str(out), "--devices", "2"], capsys)
+    assert code == 0 and "device(s) of cpu" in stdout
