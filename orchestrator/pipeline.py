@@ -17,6 +17,7 @@ from orchestrator.models import build
 from orchestrator.sweep import (
     METRIC,
     Candidate,
+    driver_resources,
     feasible,
     linear_lr,
     max_concurrent_trials,
@@ -202,6 +203,8 @@ def run_job(args: JobArgs) -> dict:
         raise UserError("no configuration of the sweep fits this cluster: " + "; ".join(pruned))
     chosen = kept[:args.max_trials]
     concurrent = max_concurrent_trials(chosen, nodes, use_gpu)
+    driver = driver_resources(nodes, 0 if use_gpu else max(
+        c.dp_degree * c.mp_degree for c in chosen))
     status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
                         f"{concurrent} at a time: {[c.key() for c in chosen]}")
     projection = {"dataset_size": defaults.dataset_size,
@@ -211,7 +214,7 @@ def run_job(args: JobArgs) -> dict:
                      steps=args.trial_steps, storage=args.storage, use_gpu=use_gpu,
                      fake_gpus=fake_gpus, data=args.data, projection=projection,
                      max_concurrent=concurrent, time_budget_s=args.time_budget_s,
-                     resume=args.resume)
+                     resume=args.resume, driver=driver)
     best = grid.get_best_result(metric=METRIC, mode="min", filter_nan_and_inf=True)
     winner = Candidate(**best.config["candidate"])
     status("4/6 sweep", f"best {winner.key()}: projected {best.metrics[METRIC]:.4g} s to "

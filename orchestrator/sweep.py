@@ -20,13 +20,32 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import NodeResources, check_fits, worker_resources
+from orchestrator.train.launch import (
+    DRIVER_RESOURCE,
+    DRIVER_RESOURCE_AMOUNT,
+    NodeResources,
+    check_fits,
+    worker_resources,
+)
 from orchestrator.train.worker import train_loop_per_worker
 from placement.errors import UserError
 from placement.plan import Plan
 
 METRIC = "projected_time_s"
 EXPERIMENT = "sweep"
+
+
+def driver_resources(nodes: Sequence[NodeResources], largest_trial_cpus: float) -> dict:
+    """What a trial's driver function asks for, refusing a sweep that would wait forever
+    for the 0.01 CPU its driver needs next to a trial's workers."""
+    if any(n.custom.get(DRIVER_RESOURCE, 0) >= 1 for n in nodes):
+        return {DRIVER_RESOURCE: 1}
+    if sum(n.cpus for n in nodes) - largest_trial_cpus < 0.01:
+        raise UserError(
+            f"a trial's workers take every CPU of the cluster, leaving none for the trial's "
+            f"driver: start Ray with --resources '{{\"{DRIVER_RESOURCE}\": "
+            f"{DRIVER_RESOURCE_AMOUNT}}}' on the head node, or use --num-gpus below the total")
+    return {"CPU": 0.01}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,13 +93,11 @@ def _train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu:
                        checkpoint_every=steps, data=data, use_gpu=use_gpu)
 
 
-def _trial(config: dict) -> None:
+def _trial(config: dict, *, job: dict) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
     c = Candidate(**config["candidate"])
-    job = config["job"]
     cfg = _train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
                         use_gpu=job["use_gpu"], data=job["data"])
-    context = tune.get_context()
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "plan": job["plans"][str(c.mp_degree)],
@@ -88,7 +105,7 @@ def _trial(config: dict) -> None:
         scaling_config=ScalingConfig(num_workers=c.dp_degree, use_gpu=cfg.use_gpu,
                                      resources_per_worker=worker_resources(cfg)),
         torch_config=TorchConfig(backend=job["backend"]),
-        run_config=RunConfig(name=f"train-{context.get_trial_id()}",
+        run_config=RunConfig(name=f"train-{tune.get_context().get_trial_id()}",
                              storage_path=job["storage"],
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              callbacks=[TuneReportCallback()]),
@@ -99,29 +116,33 @@ def _trial(config: dict) -> None:
 def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model: str,
               preset: str, steps: int, storage: str | Path, use_gpu: bool, fake_gpus: bool,
               data: str | None, projection: dict, max_concurrent: int,
-              time_budget_s: float | None, resume: bool) -> tune.ResultGrid:
+              time_budget_s: float | None, resume: bool, driver: dict) -> tune.ResultGrid:
     """Run (or, with `resume`, continue) the sweep; finished trials are never re-run."""
     storage = str(Path(storage).resolve())
     path = Path(storage) / EXPERIMENT
-    trainable = tune.with_resources(_trial, {"CPU": 0.01})
-    if resume and tune.Tuner.can_restore(str(path)):
-        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True,
-                                  restart_errored=False).fit()
     job = {
         "model": model, "preset": preset, "steps": steps, "use_gpu": use_gpu, "data": data,
         "plans": {str(m): p.to_dict() for m, p in plans.items()}, "projection": projection,
         "storage": str(Path(storage) / "trials"),
         "backend": "gloo" if fake_gpus or not use_gpu else "nccl",
     }
+    # The job's fixed inputs travel by reference, so only the candidate is a trial's
+    # configuration (what the dashboard and the console table show).
+    trainable = tune.with_resources(tune.with_parameters(_trial, job=job), driver)
+    if resume and tune.Tuner.can_restore(str(path)):
+        return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True,
+                                  restart_errored=False).fit()
     tuner = tune.Tuner(
         trainable,
-        param_space={"candidate": tune.grid_search([dataclasses.asdict(c) for c in candidates]),
-                     "job": job},
+        param_space={"candidate": tune.grid_search([dataclasses.asdict(c) for c in candidates])},
         tune_config=tune.TuneConfig(
+            # max_t past the last step: a trial that runs to its end finishes by itself
+            # (its TorchTrainer returns and releases its workers) instead of being
+            # stopped by ASHA at its last report.
             scheduler=ASHAScheduler(metric=METRIC, mode="min", time_attr="step",
-                                    max_t=steps, grace_period=max(1, steps // 2)),
+                                    max_t=steps + 1, grace_period=max(1, steps // 2)),
             max_concurrent_trials=max_concurrent, time_budget_s=time_budget_s),
-        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage, verbose=1),
     )
     return tuner.fit()
 

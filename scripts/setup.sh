@@ -9,19 +9,19 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
 install_solvers() {
-    if command -v glpsol >/dev/null && command -v cbc >/dev/null; then
+    if command -v glpsol >/dev/null && command -v cbc >/dev/null && command -v chromium >/dev/null; then
         return
     fi
     local sudo=""
     if [ "$(id -u)" -ne 0 ]; then
         if sudo -n true 2>/dev/null; then sudo="sudo -n"; else
-            echo "setup: GLPK/CBC missing and no root: run 'sudo apt-get install -y glpk-utils coinor-cbc'; going on with HiGHS only." >&2
+            echo "setup: GLPK/CBC/Chromium missing and no root: run 'sudo apt-get install -y glpk-utils coinor-cbc chromium'; going on with HiGHS only." >&2
             return
         fi
     fi
     if command -v apt-get >/dev/null; then
-        $sudo apt-get update -qq && $sudo apt-get install -y -qq glpk-utils coinor-cbc >/dev/null \
-            || echo "setup: apt-get could not install glpk-utils coinor-cbc; going on with HiGHS only." >&2
+        $sudo apt-get update -qq && $sudo apt-get install -y -qq glpk-utils coinor-cbc chromium >/dev/null \
+            || echo "setup: apt-get could not install glpk-utils coinor-cbc chromium; going on with HiGHS only (and no report rendering test)." >&2
     else
         echo "setup: no apt-get: install GLPK (glpsol) and CBC with your package manager; going on with HiGHS only." >&2
     fi

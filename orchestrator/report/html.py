@@ -125,6 +125,14 @@ projected time to accuracy {summary['winner_projected_time_s']:.4g} s. Cross-ove
 <h2>Plots</h2>{figures}
 <p>Summary: <a href="winner.json">winner.json</a>. TensorBoard: <code>tensorboard --logdir
 {html.escape(str(storage / 'sweep'))}</code>.</p>
+<script>
+// Self-check a reader (or a headless browser) can see: how many plots rendered.
+window.addEventListener("load", () => {{
+  const imgs = [...document.images];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
+  document.body.dataset.imagesLoaded = ok + "/" + imgs.length;
+}});
+</script>
 </body></html>
 """
     path = out / "index.html"

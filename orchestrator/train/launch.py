@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,13 @@ from placement.plan import Plan
 from placement.planner import PlanConfig, plan
 
 
+#: A custom resource for the sweep's trial drivers, which train nothing: clusters that
+#: offer it (local Ray started here, cluster.yaml's head, `ray start --resources`) leave
+#: every CPU to the workers; elsewhere a driver takes 0.01 CPU (orchestrator/sweep.py).
+DRIVER_RESOURCE = "orchestrator_driver"
+DRIVER_RESOURCE_AMOUNT = 1000
+
+
 class ClusterTooSmallError(UserError):
     pass
 
@@ -32,11 +39,12 @@ class NodeResources:
     node_id: str
     cpus: float
     gpus: float
+    custom: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def cluster_nodes() -> list[NodeResources]:
     return [NodeResources(node_id=n["NodeID"], cpus=n["Resources"].get("CPU", 0.0),
-                          gpus=n["Resources"].get("GPU", 0.0))
+                          gpus=n["Resources"].get("GPU", 0.0), custom=n["Resources"])
             for n in ray.nodes() if n["Alive"]]
 
 
@@ -85,10 +93,18 @@ def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic") -> Plan:
 def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
     """Join the cluster of RAY_ADDRESS (a job), start local Ray, or start a fake
     multi-node cluster `NODESxGPUS` of fake-GPU nodes on this machine."""
+    if not os.environ.get("RAY_ADDRESS"):
+        # An instance we start ourselves listens on this machine only. Ray 2.60 turns
+        # token auth on for it, which Ray Train's own state queries then fail, so the
+        # placement groups of finished runs are never cleaned up (RAY_NOTES.md).
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if fake_cluster is None:
         started = not ray.is_initialized()
         if started:
-            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+            address = os.environ.get("RAY_ADDRESS")
+            # A local instance offers the sweep drivers their own resource (sweep.py).
+            ray.init(address=address, log_to_driver=False,
+                     resources=None if address else {DRIVER_RESOURCE: DRIVER_RESOURCE_AMOUNT})
         try:
             yield
         finally:
@@ -98,7 +114,8 @@ def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
     from ray.cluster_utils import Cluster
 
     num_nodes, gpus = parse_fake_cluster(fake_cluster)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {DRIVER_RESOURCE: DRIVER_RESOURCE_AMOUNT}})
     for _ in range(num_nodes):
         cluster.add_node(num_cpus=gpus, num_gpus=gpus)
     ray.init(address=cluster.address, log_to_driver=False)

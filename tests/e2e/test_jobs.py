@@ -1,0 +1,122 @@
+"""The product as a user runs it: `ray start --head`, `ray job submit --working-dir .
+-- python jobs/<model>.py ...`, then the storage path holds TensorBoard logs per trial,
+the report and the winner. Slow (minutes): one Ray instance serves every job here."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.ray
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A head node on loopback, auth off for start and submit alike (RAY_NOTES.md)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    port, dashboard = free_port(), free_port()
+    temp = tmp_path_factory.mktemp("ray")
+    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
+                    f"--port={port}", f"--dashboard-port={dashboard}",
+                    "--dashboard-host=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
+                    f"--temp-dir={temp}",
+                    '--resources={"orchestrator_driver": 1000}'],
+                   env=env, check=True, capture_output=True, timeout=120)
+    try:
+        yield {"env": env, "address": f"http://127.0.0.1:{dashboard}",
+               "gcs": f"127.0.0.1:{port}"}
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True,
+                       timeout=120)
+
+
+def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "ray"), "job", "submit", f"--address={head['address']}",
+         "--working-dir", str(REPO), "--", "python", f"jobs/{job}", *args],
+        env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_report_renders(page: Path, screenshot: Path) -> None:
+    """Every plot loads in headless Chromium (the page counts them itself); a screenshot
+    is left for a person to look at."""
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is missing: scripts/setup.sh installs it with apt"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert 'data-images-loaded="4/4"' in dom, dom[-2000:]
+    subprocess.run([chromium, *flags, "--window-size=1200,1700", f"--screenshot={screenshot}",
+                    page.as_uri()], capture_output=True, timeout=120)
+    assert screenshot.read_bytes()[:4] == b"\x89PNG"
+
+
+def check_results(storage: Path, num_trials: int) -> dict:
+    trials = [d for d in (storage / "sweep").iterdir() if d.is_dir() and d.name.startswith("_trial")]
+    assert len(trials) == num_trials
+    for trial in trials:
+        assert list(trial.glob("events.out.tfevents.*")), f"no TensorBoard events in {trial}"
+    assert (storage / "report" / "index.html").is_file()
+    for plot in ("sweep.png", "crossover.png", "plan.png", "predicted_vs_measured.png"):
+        assert (storage / "report" / plot).read_bytes()[:4] == b"\x89PNG"
+    winner = json.loads((storage / "winner.json").read_text())
+    assert len(winner["final"]["losses"]) > 0
+    return winner
+
+
+def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
+    storage = tmp_path / "biglstm"
+    args = ["--preset", "tiny", "--max-trials", "2", "--trial-steps", "3",
+            "--final-steps", "4", "--storage", str(storage)]
+    # The driver is killed once the first trial has finished; --resume must not run it again.
+    driver = subprocess.Popen([sys.executable, "jobs/bigLSTM.py", *args], cwd=REPO,
+                              env={**ray_head["env"], "RAY_ADDRESS": ray_head["gcs"]},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.monotonic() + 400
+    finished = []
+    while time.monotonic() < deadline and not finished:
+        time.sleep(2)
+        finished = [p for p in storage.glob("sweep/_trial*/result.json")
+                    if '"done": true' in p.read_text()]
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    assert finished, "no trial finished before the deadline"
+    first = finished[0].parent
+    iterations_before = len(finished[0].read_text().splitlines())
+
+    result = submit(ray_head, "bigLSTM.py", *args, "--resume")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "SUCCEEDED" in result.stdout + result.stderr
+    winner = check_results(storage, num_trials=2)
+    assert len((first / "result.json").read_text().splitlines()) == iterations_before
+    assert winner["model"] == "biglstm"
+    assert_report_renders(storage / "report" / "index.html", tmp_path / "report.png")
+
+
+@pytest.mark.parametrize("job, model", [("gnmt.py", "gnmt"), ("inception_v3.py", "inception_v3")])
+def test_other_models_jobs(ray_head, tmp_path, job, model):
+    storage = tmp_path / model
+    result = submit(ray_head, job, "--preset", "tiny", "--max-trials", "1",
+                    "--trial-steps", "2", "--final-steps", "2", "--storage", str(storage))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert check_results(storage, num_trials=1)["model"] == model
+
+
