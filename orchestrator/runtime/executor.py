@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_map
 
 from placement.errors import UserError
 
@@ -57,10 +56,15 @@ class PlanExecutor:
     def __init__(self, partition: OpPartition, assignment: Mapping[int, int],
                  order: Sequence[Sequence[tuple[int, str, int]]],
                  devices: Sequence[torch.device], *, num_micro_batches: int,
+                 batched: Sequence[bool] | None = None,
                  autocast_dtype: torch.dtype | None = None) -> None:
+        """`batched[i]`: whether batch input i has the samples along dim 0 (and is split
+        into micro-batches); the others (e.g. BigLSTM's shared softmax samples) go whole
+        to every micro-batch. None: every input is batched."""
         self.gm = partition.module
         self.devices = list(devices)
         self.num_micro_batches = num_micro_batches
+        self.batched = None if batched is None else tuple(batched)
         self.autocast_dtype = autocast_dtype
         self.assignment = dict(assignment)
         nodes = {n.name: n for n in self.gm.graph.nodes}
@@ -77,14 +81,24 @@ class PlanExecutor:
         self.order = [[(int(o), phase == "backward", int(m)) for o, phase, m in tasks]
                       for tasks in order]
         self.output_node = next(n for n in self.gm.graph.nodes if n.op == "output")
-        self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        self.placeholder_index = {n.name: i for i, n in enumerate(
+            n for n in self.gm.graph.nodes if n.op == "placeholder")}
+        self.calls = {node.name: _bind(self.gm, node) for node in self.gm.graph.nodes
+                      if node.op in ("call_module", "call_function", "call_method")}
+        loss_arg = self.output_node.args[0]
+        self.loss_node = loss_arg.name if isinstance(loss_arg, fx.Node) else None
         # Producer op -> its nodes read by other ops (values that cross an op boundary).
-        self.exported: dict[int, list[fx.Node]] = {op: [] for op in self.op_nodes}
+        # Per op: (node, the other ops reading it, whether it is the step's output).
+        self.exported: dict[int, list[tuple[fx.Node, list[int], bool]]] = {}
         for op, op_nodes in self.op_nodes.items():
+            self.exported[op] = []
             for node in op_nodes:
-                if any(self.op_of_node.get(u.name) != op for u in node.users
-                       if u.op != "output") or self.output_node in node.users:
-                    self.exported[op].append(node)
+                readers = sorted({self.op_of_node[u.name] for u in node.users
+                                  if u.op != "output" and u.name in self.op_of_node
+                                  and self.op_of_node[u.name] != op})
+                is_output = self.output_node in node.users
+                if readers or is_output:
+                    self.exported[op].append((node, readers, is_output))
 
     def _check_plan(self, order: Sequence[Sequence[tuple[int, str, int]]]) -> None:
         unplaced = set(self.op_nodes) - set(self.assignment)
@@ -118,7 +132,9 @@ class PlanExecutor:
         if batch_size % k:
             raise UserError(f"per-worker batch {batch_size} does not split into {k} "
                             f"micro-batches: use a multiple of {k}")
-        micro = [self._split(t, batch_size, k) for t in batch]
+        batched = self.batched or (True,) * len(batch)
+        micro = [list(t.chunk(k, dim=0)) if is_batched else [t] * k
+                 for t, is_batched in zip(batch, batched)]
         state = _StepState(self, [[m[i] for m in micro] for i in range(k)], on_device_done)
         threads = [threading.Thread(target=state.run_device, args=(d,), daemon=True,
                                     name=f"device-{d}")
@@ -130,14 +146,6 @@ class PlanExecutor:
         if state.error is not None:
             raise state.error
         return sum(state.losses) / k
-
-    @staticmethod
-    def _split(t: torch.Tensor, batch_size: int, k: int) -> list[torch.Tensor]:
-        # Tensors without a batch dimension (e.g. BigLSTM's shared softmax samples) go
-        # whole to every micro-batch.
-        if t.dim() and t.shape[0] == batch_size:
-            return list(t.chunk(k, dim=0))
-        return [t] * k
 
 
 class _StepState:
@@ -190,63 +198,58 @@ class _StepState:
 
     def _fetch(self, node: fx.Node, op: int, m: int, device: torch.device):
         ex = self.ex
+        name = node.name
+        producer = ex.op_of_node.get(name)
+        if producer == op:
+            return self.values[m][name]
+        if producer is not None:
+            leaves = self.leaves.setdefault((op, m), {})
+            if name not in leaves:
+                self._wait((producer, False, m))
+                leaves[name] = _detach_to(self.values[m][name], device)
+            return leaves[name]
         if node.op == "placeholder":
-            value = self.inputs[m][ex.placeholders.index(node)]
-            return value.to(device) if isinstance(value, torch.Tensor) else value
+            return _to(self.inputs[m][ex.placeholder_index[name]], device)
         if node.op == "get_attr":
             return _get_attr(ex.gm, node.target)
-        producer = ex.op_of_node.get(node.name)
-        if producer is None:
-            return self._prologue(node, m, device)
-        if producer == op:
-            return self.values[m][node.name]
-        leaves = self.leaves.setdefault((op, m), {})
-        if node.name not in leaves:
-            self._wait((producer, False, m))
-            leaves[node.name] = tree_map(lambda v: _detach_to(v, device),
-                                         self.values[m][node.name])
-        return leaves[node.name]
+        return self._prologue(node, m, device)
 
     def _prologue(self, node: fx.Node, m: int, device: torch.device):
         with self.prologue_lock:
             if node.name not in self.prologue[m]:
                 fetch = lambda n: self._fetch(n, -1, m, device)  # noqa: E731
                 with torch.no_grad():
-                    self.prologue[m][node.name] = _call(
-                        self.ex.gm, node, fx.node.map_arg(node.args, fetch),
-                        fx.node.map_arg(node.kwargs, fetch))
-            return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
-                            self.prologue[m][node.name])
+                    self.prologue[m][node.name] = self.ex.calls[node.name](
+                        fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
+            return _to(self.prologue[m][node.name], device)
 
     def _forward(self, op: int, m: int, device: torch.device) -> None:
         ex = self.ex
         autocast = (torch.autocast(device.type, dtype=ex.autocast_dtype)
                     if ex.autocast_dtype is not None else nullcontext())
+        values = self.values[m]
+        fetch = lambda n: self._fetch(n, op, m, device)  # noqa: E731
         with autocast:
             for node in ex.op_nodes[op]:
-                if node.op in ("placeholder", "get_attr"):
-                    self.values[m][node.name] = self._fetch(node, op, m, device)
-                    continue
-                args = fx.node.map_arg(node.args, lambda n: self._fetch(n, op, m, device))
-                kwargs = fx.node.map_arg(node.kwargs, lambda n: self._fetch(n, op, m, device))
-                self.values[m][node.name] = _call(ex.gm, node, args, kwargs)
-        loss_arg = ex.output_node.args[0]
-        if isinstance(loss_arg, fx.Node) and ex.op_of_node.get(loss_arg.name) == op:
-            self.losses[m] = float(self.values[m][loss_arg.name].detach())
+                if node.op == "placeholder":
+                    values[node.name] = _to(self.inputs[m][ex.placeholder_index[node.name]],
+                                            device)
+                elif node.op == "get_attr":
+                    values[node.name] = _get_attr(ex.gm, node.target)
+                else:
+                    values[node.name] = ex.calls[node.name](
+                        fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
+        if ex.loss_node is not None and ex.op_of_node.get(ex.loss_node) == op:
+            self.losses[m] = float(values[ex.loss_node].detach())
 
     def _backward(self, op: int, m: int, device: torch.device) -> None:
         ex = self.ex
         tensors, grads = [], []
-        for node in ex.exported[op]:
+        for node, readers, is_output in ex.exported[op]:
             total = None
-            for user in node.users:
-                if user is ex.output_node:
-                    total = _add(total, torch.full_like(self.values[m][node.name],
-                                                        1.0 / ex.num_micro_batches))
-                    continue
-                consumer = ex.op_of_node.get(user.name)
-                if consumer is None or consumer == op:
-                    continue
+            if is_output:
+                total = torch.full_like(self.values[m][node.name], 1.0 / ex.num_micro_batches)
+            for consumer in readers:
                 self._wait((consumer, True, m))
                 leaf = self.leaves.get((consumer, m), {}).get(node.name)
                 total = _add(total, _grads_of(leaf, device))
@@ -267,20 +270,35 @@ def _get_attr(gm: fx.GraphModule, target: str):
     return value
 
 
-def _call(gm: fx.GraphModule, node: fx.Node, args, kwargs):
+def _bind(gm: fx.GraphModule, node: fx.Node) -> Callable:
+    """`f(args, kwargs)` running one fx node, resolved once (not per call)."""
     if node.op == "call_module":
-        return gm.get_submodule(node.target)(*args, **kwargs)
+        module = gm.get_submodule(node.target)
+        return lambda args, kwargs: module(*args, **kwargs)
     if node.op == "call_function":
-        return node.target(*args, **kwargs)
-    if node.op == "call_method":
-        return getattr(args[0], node.target)(*args[1:], **kwargs)
-    raise AssertionError(f"unexpected fx node kind {node.op}")
+        target = node.target
+        return lambda args, kwargs: target(*args, **kwargs)
+    method = node.target
+    return lambda args, kwargs: getattr(args[0], method)(*args[1:], **kwargs)
+
+
+def _to(value, device: torch.device):
+    """`value` (tensors, nested tuples) on `device`, copied only when elsewhere."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device == device else value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
 
 
 def _detach_to(value, device: torch.device):
+    """A consumer's copy of a producer's value: detached leaves (so the consumer's
+    backward stops there and leaves the gradient in `.grad`), nested tuples too."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach_to(v, device) for v in value)
     if not isinstance(value, torch.Tensor):
         return value
-    leaf = value.detach().to(device)
+    leaf = _to(value.detach(), device)
     if leaf.is_floating_point():
         leaf.requires_grad_(value.requires_grad)
     return leaf
@@ -311,3 +329,10 @@ def _flat(value) -> list:
     if isinstance(value, (tuple, list)):
         return [leaf for v in value for leaf in _flat(v)]
     return [value]
+
+
+def batched_inputs(make_batch: Callable[[int], Sequence[torch.Tensor]]) -> tuple[bool, ...]:
+    """Which of a model's batch tensors carry the samples along dim 0: those whose first
+    dimension follows the batch size (compared at two sizes, on the meta device)."""
+    two, three = make_batch(2, device="meta"), make_batch(3, device="meta")
+    return tuple(a.dim() > 0 and (a.shape[0], b.shape[0]) == (2, 3) for a, b in zip(two, three))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.profile import partition
-from orchestrator.runtime.executor import OpPartition, PlanExecutor
+from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.noise_scale import NoiseScaleEstimator
@@ -169,6 +169,7 @@ def train_loop_per_worker(config: dict) -> dict:
     executor = PlanExecutor(
         OpPartition(part.module, {op.id: op.nodes for op in part.ops}), plan.assignment,
         plan.order, devices, num_micro_batches=cfg.num_micro_batches,
+        batched=batched_inputs(spec.make_batch),
         autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     start, history = _restore(model, optimizer, config.get("resume_from"))

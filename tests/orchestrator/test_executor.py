@@ -99,3 +99,26 @@ def test_a_plan_for_another_model_is_refused():
     with pytest.raises(PlanMismatchError, match="lacks"):
         PlanExecutor(OpPartition(gm, {0: ["conv_that_is_not_there"]}), {0: 0}, [[]],
                      [torch.device("cpu")], num_micro_batches=1)
+
+
+def test_shared_inputs_are_not_split_even_when_their_length_is_the_batch():
+    """BigLSTM's softmax samples (128 in the tiny preset) go whole to every micro-batch,
+    also at a batch of 128."""
+    from orchestrator.profile import partition
+    from orchestrator.runtime.executor import batched_inputs
+
+    part, spec = partition("biglstm")
+    batch = spec.make_batch(128)
+    assert batch[2].shape == (128,)
+    expected = spec.module(*batch)
+    expected.backward()
+    expected_grads = {k: p.grad.clone() for k, p in spec.module.named_parameters()}
+    spec.module.zero_grad(set_to_none=True)
+    order = [[(op.id, "forward", m) for m in range(4) for op in part.ops]
+             + [(op.id, "backward", m) for m in range(4) for op in reversed(part.ops)]]
+    ex = PlanExecutor(OpPartition(part.module, {op.id: op.nodes for op in part.ops}),
+                      {op.id: 0 for op in part.ops}, order, [torch.device("cpu")],
+                      num_micro_batches=4, batched=batched_inputs(spec.make_batch))
+    assert ex.step(batch, batch_size=128) == pytest.approx(expected.item(), rel=1e-5)
+    for name, param in spec.module.named_parameters():
+        torch.testing.assert_close(param.grad, expected_grads[name], rtol=1e-4, atol=1e-6)
