@@ -12,13 +12,13 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: setup
-	$(PY) -m orchestrator plan --graph examples/branchy.json --devices 2 --micro-batches 2
+	$(PY) jobs/bigLSTM.py --preset tiny --max-trials 2 --storage results/demo
 
 bench: setup
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis results

@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-AREAS = ("baselines", "profile", "layerwise", "crossover")
+AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime")
 
 
 def main(argv: list[str]) -> int:

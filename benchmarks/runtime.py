@@ -1,0 +1,142 @@
+"""The runtime's figures (issue 6):
+
+1. MP speedup: one worker's step on 2 devices (2 cores, one thread each) over 1 device
+   (1 core), for the tiny models, measured side by side, next to the simulator's
+   predicted speedup from the profiled graph.
+2. Overhead against Ray Train's own DDP (`prepare_model`) at dp_degree=2, mp_degree=1:
+   both run in one local Ray session, same model, data, optimizer and steps.
+
+    python -m benchmarks runtime [--models biglstm,inception_v3] [--batch 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from orchestrator.profile import partition
+from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.launch import fit, plan_worker, ray_cluster
+
+
+def median_step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int,
+                  repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 2):
+        spec.module.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        executor.step(batch, batch_size)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[2:])
+
+
+def mp_speedup(model: str, batch_size: int, repeats: int) -> dict:
+    """Measured and predicted step times at mp 1 and at mp 2 (best micro-batch count
+    by prediction), interleaved so that the machine's load hits both alike."""
+    torch.set_num_threads(1)
+    part, spec = partition(model)
+    batch = spec.make_batch(batch_size)
+    plans = {1: plan_worker(TrainConfig(model=model, global_batch=batch_size))}
+    plans[2] = min((plan_worker(TrainConfig(model=model, global_batch=batch_size, mp_degree=2,
+                                            num_micro_batches=k)) for k in (1, 2, 4)),
+                   key=lambda p: p.step_time)
+    executors = {m: PlanExecutor(OpPartition(part.module, {o.id: o.nodes for o in part.ops}),
+                                 p.assignment, p.order, [torch.device("cpu")] * m,
+                                 num_micro_batches=p.num_micro_batches,
+                                 batched=batched_inputs(spec.make_batch))
+                 for m, p in plans.items()}
+    rounds: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(5):
+        for m, ex in executors.items():
+            rounds[m].append(median_step_s(ex, spec, batch, batch_size, repeats))
+    measured = {m: statistics.median(ts) for m, ts in rounds.items()}
+    return {"model": model, "batch": batch_size, "micro_batches": plans[2].num_micro_batches,
+            "measured_s": measured, "predicted_s": {m: p.step_time for m, p in plans.items()},
+            "solver": plans[2].solver}
+
+
+def ddp_loop(config: dict) -> dict:
+    """Ray Train's own data parallelism: DDP from `prepare_model`, the same batches."""
+    import ray.train
+    import ray.train.torch
+
+    from orchestrator.models import build
+    from orchestrator.train.batches import BatchSource
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(**config["train"])
+    spec = build(cfg.model, cfg.preset, seed=cfg.seed)
+    model = ray.train.torch.prepare_model(spec.module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    ctx = ray.train.get_context()
+    source = BatchSource(spec, data=None, global_batch=cfg.global_batch,
+                         rank=ctx.get_world_rank(), dp_degree=ctx.get_world_size(), seed=0)
+    times = []
+    for step in range(cfg.steps):
+        batch = source.batch(step)
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        model(*batch).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+        ray.train.report({"step": step + 1})
+    return {"step_times_s": times}
+
+
+def ddp_overhead(model: str, batch_size: int, steps: int) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cfg = TrainConfig(model=model, dp_degree=2, global_batch=batch_size, steps=steps,
+                      checkpoint_every=steps)
+    storage = tempfile.mkdtemp(prefix="bench-runtime-")
+    ours = fit(cfg, plan_worker(cfg), storage=storage, name="ours")["step_times_s"]
+    theirs = TorchTrainer(
+        ddp_loop, train_loop_config={"train": cfg.to_dict()},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name="ddp", storage_path=storage)).fit().return_value["step_times_s"]
+    skip = min(2, steps - 1)
+    return {"model": model, "batch": batch_size, "ours_s": statistics.median(ours[skip:]),
+            "ddp_s": statistics.median(theirs[skip:])}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.runtime")
+    parser.add_argument("--models", default="biglstm,inception_v3")
+    parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ddp-steps", type=int, default=12, dest="ddp_steps")
+    parser.add_argument("--skip-ddp", action="store_true", dest="skip_ddp")
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    print("| model | batch | K | mp1 measured ms | mp2 measured ms | measured speedup | "
+          "predicted speedup | prediction error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in models:
+        batch = args.batch if model == "biglstm" else max(8, args.batch // 32)
+        r = mp_speedup(model, batch, args.repeats)
+        measured = r["measured_s"][1] / r["measured_s"][2]
+        predicted = r["predicted_s"][1] / r["predicted_s"][2]
+        print(f"| {model} | {batch} | {r['micro_batches']} | {r['measured_s'][1] * 1e3:.1f} | "
+              f"{r['measured_s'][2] * 1e3:.1f} | {measured:.2f}x | {predicted:.2f}x | "
+              f"{(predicted - measured) / measured:+.1%} |", flush=True)
+    if args.skip_ddp:
+        return
+    print("\n| model | global batch | ours (dp2 x mp1) ms | Ray Train DDP ms | ratio |")
+    print("|---|---|---|---|---|")
+    with ray_cluster(None):
+        for model in models:
+            r = ddp_overhead(model, 16, args.ddp_steps)
+            print(f"| {model} | 16 | {r['ours_s'] * 1e3:.1f} | {r['ddp_s'] * 1e3:.1f} | "
+                  f"{r['ours_s'] / r['ddp_s']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
