@@ -15,6 +15,7 @@ test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: setup
+	rm -rf results/demo
 	$(PY) jobs/bigLSTM.py --preset tiny --max-trials 2 --storage results/demo
 
 bench: setup

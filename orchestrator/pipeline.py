@@ -15,6 +15,7 @@ from pathlib import Path
 
 from orchestrator.models import build
 from orchestrator.sweep import (
+    EXPERIMENT,
     METRIC,
     Candidate,
     driver_resources,
@@ -155,6 +156,9 @@ def run_job(args: JobArgs) -> dict:
     from orchestrator.profile import profile_model
     from orchestrator.report.html import write_report
 
+    if (args.storage / EXPERIMENT).exists() and not args.resume:
+        raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
+                        "it, or choose another --storage")
     args.storage.mkdir(parents=True, exist_ok=True)
     nodes = cluster_nodes()
     use_gpu = any(n.gpus > 0 for n in nodes)
