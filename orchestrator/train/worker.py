@@ -117,18 +117,20 @@ def _maybe_fail(cfg: TrainConfig, step: int, rank: int, marker_dir: str | None) 
 
 def _projection(projection: Mapping | None, noise: NoiseScaleEstimator, global_batch: int,
                 step_times: list[float]) -> dict[str, float]:
-    """The scaling model's time to accuracy with this run's measurements: its median
-    step time and, with several workers, its measured gradient noise scale."""
-    if not projection:
-        return {}
-    b_noise = projection["b_noise"]
-    measured = noise.grad_sq is not None and noise.grad_sq > 0 and noise.trace > 0
-    if measured:
-        b_noise = noise.b_simple
-    steps = examples_to_target(projection["min_epochs"] * projection["dataset_size"],
-                               b_noise, global_batch) / global_batch
-    return {"noise_scale": b_noise, "noise_scale_measured": float(measured),
-            "projected_time_s": steps * statistics.median(step_times)}
+    """The scaling model's time to accuracy at this run's median step time, and the
+    gradient noise scale this run measured (with several workers, once positive).
+
+    The projection keeps the job's statistical efficiency (one B_noise for every trial of
+    a sweep): a noise scale measured in a few steps of a tiny run is too noisy to rank
+    trials by, and trials of one worker cannot measure it at all."""
+    metrics = {}
+    if noise.grad_sq is not None and noise.grad_sq > 0 and noise.trace > 0:
+        metrics["noise_scale"] = noise.b_simple
+    if projection:
+        steps = examples_to_target(projection["min_epochs"] * projection["dataset_size"],
+                                   projection["b_noise"], global_batch) / global_batch
+        metrics["projected_time_s"] = steps * statistics.median(step_times)
+    return metrics
 
 
 def _save(model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
