@@ -34,6 +34,7 @@ def trial_rows(grid) -> list[dict]:
                      "projected_time_s": float(result.metrics[METRIC]),
                      "measured_step_s": float(statistics.median(frame["step_time_s"])),
                      "loss": float(result.metrics["loss"]),
+                     "noise_scale": result.metrics.get("noise_scale"),
                      "steps": int(result.metrics["step"])})
     return rows
 
@@ -45,7 +46,7 @@ def save_heatmap(rows: Sequence[dict], path: Path) -> None:
     for r in rows:
         c = r["candidate"]
         grid[mps.index(c.mp_degree), batches.index(c.global_batch)] = r["projected_time_s"]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(batches), 1.4 + 0.8 * len(mps)))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 + 1.3 * len(batches)), 1.6 + 0.8 * len(mps)))
     image = ax.imshow(grid, cmap="viridis_r", aspect="auto")
     for i in range(len(mps)):
         for j in range(len(batches)):
@@ -82,6 +83,10 @@ def save_predicted_vs_measured(rows: Sequence[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _noise(value: float | None) -> str:
+    return "n/a (one worker)" if value is None else f"{value:.3g}"
+
+
 def write_report(storage: Path, *, grid, plans: dict[int, Plan], crossover: CrossoverResult,
                  summary: dict, candidates: Sequence[Candidate]) -> Path:
     out = storage / "report"
@@ -102,7 +107,8 @@ def write_report(storage: Path, *, grid, plans: dict[int, Plan], crossover: Cros
         f"<td>{r['candidate'].mp_degree}</td><td>{r['candidate'].global_batch}</td>"
         f"<td>{r['candidate'].predicted_step_s * 1e3:.2f}</td>"
         f"<td>{r['measured_step_s'] * 1e3:.2f}</td><td>{r['projected_time_s']:.4g}</td>"
-        f"<td>{r['loss']:.4f}</td><td>{r['steps']}</td></tr>" for r in rows)
+        f"<td>{r['loss']:.4f}</td><td>{_noise(r['noise_scale'])}</td><td>{r['steps']}</td></tr>"
+        for r in rows)
     figures = "".join(f'<figure><img src="{name}" alt="{html.escape(caption)}">'
                       f"<figcaption>{html.escape(caption)}</figcaption></figure>"
                       for name, caption in images.items())
@@ -121,7 +127,7 @@ projected time to accuracy {summary['winner_projected_time_s']:.4g} s. Cross-ove
 <h2>Trials</h2>
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
 <th>predicted step (ms)</th><th>measured step (ms)</th><th>projected time (s)</th>
-<th>loss</th><th>steps</th></tr>{table}</table>
+<th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
 <h2>Plots</h2>{figures}
 <p>Summary: <a href="winner.json">winner.json</a>. TensorBoard: <code>tensorboard --logdir
 {html.escape(str(storage / 'sweep'))}</code>.</p>
