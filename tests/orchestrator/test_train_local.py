@@ -24,11 +24,14 @@ def run_local(cfg: TrainConfig, tmp_path, plan=None) -> dict:
     return trainer.fit().return_value
 
 
-@pytest.mark.parametrize("model, batch", [("biglstm", 8), ("gnmt", 8)])
-def test_two_devices_and_micro_batches_follow_the_single_device_run(model, batch, tmp_path):
+@pytest.mark.parametrize("model, batch, micro", [
+    ("biglstm", 8, 1), ("biglstm", 8, 4), ("gnmt", 8, 4), ("inception_v3", 4, 1),
+    ("inception_v3", 4, 4)])
+def test_two_devices_and_micro_batches_follow_the_single_device_run(model, batch, micro,
+                                                                    tmp_path):
     single = run_local(TrainConfig(model=model, steps=3, global_batch=batch), tmp_path)
     hybrid = run_local(TrainConfig(model=model, steps=3, global_batch=batch, mp_degree=2,
-                                   num_micro_batches=4), tmp_path)
+                                   num_micro_batches=micro), tmp_path)
     assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
     assert single["losses"][-1] < single["losses"][0]
     for name, value in single["final_params"].items():

@@ -24,11 +24,13 @@ def fit_now(cfg, tmp_path, **kwargs):
                fake_gpus=True, **kwargs)
 
 
-def test_dp2_mp2_matches_one_device_and_each_worker_owns_one_node(fake_cluster, tmp_path):
-    hybrid_cfg = TrainConfig(model="biglstm", dp_degree=2, mp_degree=2, num_micro_batches=2,
-                             global_batch=8, steps=3, use_gpu=True)
+@pytest.mark.parametrize("model, batch, micro", [("biglstm", 8, 1), ("inception_v3", 8, 4)])
+def test_dp2_mp2_matches_one_device_and_each_worker_owns_one_node(fake_cluster, tmp_path,
+                                                                 model, batch, micro):
+    hybrid_cfg = TrainConfig(model=model, dp_degree=2, mp_degree=2, num_micro_batches=micro,
+                             global_batch=batch, steps=3, use_gpu=True)
     hybrid = fit_now(hybrid_cfg, tmp_path)
-    single = run_local(TrainConfig(model="biglstm", global_batch=8, steps=3), tmp_path)
+    single = run_local(TrainConfig(model=model, global_batch=batch, steps=3), tmp_path)
     assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
     nodes = {w["node_id"] for w in hybrid["workers"]}
     assert len(nodes) == 2, hybrid["workers"]
