@@ -4,6 +4,7 @@ the report and the winner. Slow (minutes): one Ray instance serves every job her
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -52,6 +53,13 @@ def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.Complet
         [str(BIN / "ray"), "job", "submit", f"--address={head['address']}",
          "--working-dir", str(REPO), "--", "python", f"jobs/{job}", *args],
         env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_succeeded(result: subprocess.CompletedProcess) -> None:
+    """`ray job submit` waits for the job and ends with "Job '<id>' succeeded"."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert re.search(r"Job '[^']+' succeeded", output), output[-4000:]
 
 
 def assert_report_renders(page: Path, screenshot: Path) -> None:
@@ -103,8 +111,7 @@ def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     iterations_before = len(finished[0].read_text().splitlines())
 
     result = submit(ray_head, "bigLSTM.py", *args, "--resume")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "SUCCEEDED" in result.stdout + result.stderr
+    assert_succeeded(result)
     winner = check_results(storage, num_trials=2)
     assert len((first / "result.json").read_text().splitlines()) == iterations_before
     assert winner["model"] == "biglstm"
@@ -116,7 +123,7 @@ def test_other_models_jobs(ray_head, tmp_path, job, model):
     storage = tmp_path / model
     result = submit(ray_head, job, "--preset", "tiny", "--max-trials", "1",
                     "--trial-steps", "2", "--final-steps", "2", "--storage", str(storage))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_succeeded(result)
     assert check_results(storage, num_trials=1)["model"] == model
 
 
