@@ -48,30 +48,22 @@ class LSTMLayer(nn.Module):
         self.hidden_size = hidden_size
         self.out_size = proj_size or hidden_size
         self.reverse = reverse
-        self.w_ih = nn.Linear(input_size + extra_size, 4 * hidden_size)
-        self.w_hh = nn.Linear(self.out_size, 4 * hidden_size, bias=False)
-        self.proj = nn.Linear(hidden_size, proj_size, bias=False) if proj_size else None
+        # torch's own LSTM runs the chunk's time loop in one ATen call: no Python per
+        # time step, and the GIL is free for the other devices' threads meanwhile.
+        self.lstm = nn.LSTM(input_size + extra_size, hidden_size, proj_size=proj_size,
+                            batch_first=True)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor | None, c: torch.Tensor | None,
                 extra: torch.Tensor | None = None):
-        batch, steps = x.shape[0], x.shape[1]
         if extra is not None:
             x = torch.cat([x, extra], dim=-1)
-        if h is None:
-            h = x.new_zeros(batch, self.out_size)
-            c = x.new_zeros(batch, self.hidden_size)
-        gates_x = self.w_ih(x)  # one GEMM for the whole chunk's input side
-        outputs = []
-        for t in (range(steps - 1, -1, -1) if self.reverse else range(steps)):
-            i, f, g, o = (gates_x[:, t] + self.w_hh(h)).chunk(4, dim=1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            h = torch.sigmoid(o) * torch.tanh(c)
-            if self.proj is not None:
-                h = self.proj(h)
-            outputs.append(h)
         if self.reverse:
-            outputs.reverse()
-        return torch.stack(outputs, dim=1), h, c
+            x = x.flip(1)
+        state = None if h is None else (h.unsqueeze(0), c.unsqueeze(0))
+        outputs, (h, c) = self.lstm(x, state)
+        if self.reverse:
+            outputs = outputs.flip(1)
+        return outputs, h.squeeze(0), c.squeeze(0)
 
 
 def run_layer(layer: LSTMLayer, chunks: list, extras: list | None = None) -> list:

@@ -51,13 +51,7 @@ def test_lstm_layer_matches_torch_lstm(proj, reverse):
     torch.manual_seed(0)
     ours = LSTMLayer(4, 8, proj_size=proj, reverse=reverse)
     ref = nn.LSTM(4, 8, proj_size=proj, batch_first=True)
-    with torch.no_grad():
-        ref.weight_ih_l0.copy_(ours.w_ih.weight)
-        ref.bias_ih_l0.copy_(ours.w_ih.bias)
-        ref.weight_hh_l0.copy_(ours.w_hh.weight)
-        ref.bias_hh_l0.zero_()
-        if proj:
-            ref.weight_hr_l0.copy_(ours.proj.weight)
+    ref.load_state_dict(ours.lstm.state_dict())
     x = torch.randn(3, 7, 4)
     expected, _ = ref(x.flip(1) if reverse else x)
     expected = expected.flip(1) if reverse else expected
