@@ -55,6 +55,20 @@ def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.Complet
         env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
+def terminated_trials(storage: Path) -> list[str]:
+    """Ids of the trials Tune's saved experiment state marks finished."""
+    trials = []
+    for state in storage.glob("sweep/experiment_state-*.json"):
+        try:
+            data = json.loads(state.read_text())
+        except json.JSONDecodeError:  # caught mid-write; read it on the next poll
+            continue
+        # Each entry is [trial's JSON state, its runtime metadata].
+        trials += [t["trial_id"] for t in (json.loads(entry[0]) for entry in data["trial_data"])
+                   if t.get("status") == "TERMINATED"]
+    return trials
+
+
 def assert_succeeded(result: subprocess.CompletedProcess) -> None:
     """`ray job submit` waits for the job and ends with "Job '<id>' succeeded"."""
     output = result.stdout + result.stderr
@@ -99,21 +113,18 @@ def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     deadline = time.monotonic() + 400
-    finished = []
-    while time.monotonic() < deadline and not finished:
+    while time.monotonic() < deadline and not (finished := terminated_trials(storage)):
         time.sleep(2)
-        finished = [p for p in storage.glob("sweep/_trial*/result.json")
-                    if '"done": true' in p.read_text()]
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert finished, "no trial finished before the deadline"
-    first = finished[0].parent
-    iterations_before = len(finished[0].read_text().splitlines())
+    first = next(storage.glob(f"sweep/_trial_{finished[0]}_*"))
+    reports_before = (first / "result.json").read_text()
 
     result = submit(ray_head, "bigLSTM.py", *args, "--resume")
     assert_succeeded(result)
     winner = check_results(storage, num_trials=2)
-    assert len((first / "result.json").read_text().splitlines()) == iterations_before
+    assert (first / "result.json").read_text() == reports_before  # not run again
     assert winner["model"] == "biglstm"
     assert_report_renders(storage / "report" / "index.html", tmp_path / "report.png")
 
