@@ -49,10 +49,17 @@ def ray_head(tmp_path_factory):
 
 
 def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "ray"), "job", "submit", f"--address={head['address']}",
-         "--working-dir", str(REPO), "--", "python", f"jobs/{job}", *args],
-        env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    # The head's job agent can take a while to register (and re-register under load):
+    # Ray answers "No available agent" then, before the job exists, so retrying is safe.
+    for _ in range(10):
+        result = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", f"--address={head['address']}",
+             "--working-dir", str(REPO), "--", "python", f"jobs/{job}", *args],
+            env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        if "No available agent to submit job" not in result.stdout + result.stderr:
+            return result
+        time.sleep(6)
+    return result
 
 
 def terminated_trials(storage: Path) -> list[str]:
