@@ -135,6 +135,9 @@ class PlanExecutor:
         batched = self.batched or (True,) * len(batch)
         micro = [list(t.chunk(k, dim=0)) if is_batched else [t] * k
                  for t, is_batched in zip(batch, batched)]
+        if len(self.devices) == 1:
+            return self._step_one_device([[m[i] for m in micro] for i in range(k)],
+                                         on_device_done)
         state = _StepState(self, [[m[i] for m in micro] for i in range(k)], on_device_done)
         threads = [threading.Thread(target=state.run_device, args=(d,), daemon=True,
                                     name=f"device-{d}")
@@ -146,6 +149,25 @@ class PlanExecutor:
         if state.error is not None:
             raise state.error
         return sum(state.losses) / k
+
+
+    def _step_one_device(self, micro_batches: list[list[torch.Tensor]],
+                         on_device_done: Callable[[int], None] | None) -> float:
+        """All ops on one device: op boundaries buy nothing there, so each micro-batch
+        is one plain forward and backward of the whole module (the same tasks, in an
+        order the plan's simulator also allows)."""
+        device = self.devices[0]
+        autocast = (torch.autocast(device.type, dtype=self.autocast_dtype)
+                    if self.autocast_dtype is not None else nullcontext())
+        losses = []
+        for inputs in micro_batches:
+            with autocast:
+                loss = self.gm(*(_to(t, device) for t in inputs))
+            (loss / len(micro_batches)).backward()
+            losses.append(float(loss.detach()))
+        if on_device_done is not None:
+            on_device_done(0)
+        return sum(losses) / len(losses)
 
 
 class _StepState:
