@@ -35,10 +35,9 @@ class TrainConfig:
     data: str | None = None
     """Dataset root in the model's real layout; None: a small synthetic dataset."""
     use_gpu: bool = False
-    fail_at_step: int | None = None
-    """Test hook: the rank-0 worker fails once when it reaches this step."""
-    fail_mode: str = "raise"
-    """'raise' an exception, or 'kill' the worker process."""
+    inject_failures: tuple[tuple[int, str], ...] = ()
+    """Test hook: (step, 'raise' | 'kill') pairs; the rank-0 worker fails once at each
+    step, raising an exception or killing its own process."""
 
     def __post_init__(self) -> None:
         for name in ("dp_degree", "mp_degree", "num_micro_batches", "steps",
@@ -54,8 +53,10 @@ class TrainConfig:
                     f"{self.dp_degree * self.num_micro_batches}")
         if self.lr <= 0:
             raise UserError(f"--lr {self.lr}: must be > 0")
-        if self.fail_mode not in FAIL_MODES:
-            raise UserError(f"fail mode {self.fail_mode!r}: choose one of {FAIL_MODES}")
+        for step, mode in self.inject_failures:
+            if mode not in FAIL_MODES:
+                raise UserError(f"failure mode {mode!r} at step {step}: choose one of "
+                                f"{FAIL_MODES}")
 
     def to_dict(self) -> dict:
         return asdict(self)

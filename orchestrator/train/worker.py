@@ -102,15 +102,16 @@ def _params_by_device(part, assignment: Mapping[int, int], model: torch.nn.Modul
 
 
 def _maybe_fail(cfg: TrainConfig, step: int, rank: int, marker_dir: str | None) -> None:
-    """Test hook: fail once (a marker file remembers it) at `fail_at_step` on rank 0."""
-    if cfg.fail_at_step != step or rank != 0 or marker_dir is None:
+    """Test hook: fail once (a marker file remembers it) at each injected step, rank 0."""
+    modes = [mode for at, mode in cfg.inject_failures if at == step]
+    if not modes or rank != 0 or marker_dir is None:
         return
     marker = Path(marker_dir) / f"failed-at-{step}"
     if marker.exists():
         return
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    if cfg.fail_mode == "kill":
+    if modes[0] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected failure at step {step} (test hook)")
 
@@ -160,7 +161,8 @@ def _restore(model, optimizer, resume_from: str | None) -> tuple[int, dict]:
 
 
 def train_loop_per_worker(config: dict) -> dict:
-    cfg = TrainConfig(**config["train"])
+    train = config["train"]
+    cfg = TrainConfig(**{**train, "inject_failures": tuple(map(tuple, train["inject_failures"]))})
     plan = plan_from_dict(config["plan"])
     torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
     ctx = ray.train.get_context()

@@ -3,8 +3,8 @@ plan's execution and the micro-batching leave the training trajectory unchanged.
 
 import time
 
-import pytest
 import numpy as np
+import pytest
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 

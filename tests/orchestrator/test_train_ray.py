@@ -1,11 +1,13 @@
 """Real Ray Train runs on a fake 2-node cluster of 2 fake GPUs each (gloo, CPU threads).
 Kept few: each TorchTrainer.fit() costs tens of seconds on this machine."""
 
+import json
 import time
 
-import pytest
 import numpy as np
+import pytest
 
+from orchestrator.cli import main
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.launch import ClusterTooSmallError, fit, plan_worker, ray_cluster
 from tests.orchestrator.test_train_local import run_local
@@ -24,12 +26,8 @@ def fit_now(cfg, tmp_path, **kwargs):
                fake_gpus=True, **kwargs)
 
 
-@pytest.mark.parametrize("model, batch, micro", [("biglstm", 8, 1), ("inception_v3", 8, 4)])
-def test_dp2_mp2_matches_one_device_and_each_worker_owns_one_node(fake_cluster, tmp_path,
-                                                                 model, batch, micro):
-    hybrid_cfg = TrainConfig(model=model, dp_degree=2, mp_degree=2, num_micro_batches=micro,
-                             global_batch=batch, steps=3, use_gpu=True)
-    hybrid = fit_now(hybrid_cfg, tmp_path)
+def assert_matches_one_device_and_one_node_per_worker(hybrid: dict, model: str, batch: int,
+                                                      tmp_path) -> None:
     single = run_local(TrainConfig(model=model, global_batch=batch, steps=3), tmp_path)
     assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
     nodes = {w["node_id"] for w in hybrid["workers"]}
@@ -37,13 +35,35 @@ def test_dp2_mp2_matches_one_device_and_each_worker_owns_one_node(fake_cluster, 
     assert all(len(w["devices"]) == 2 for w in hybrid["workers"])
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill"])
-def test_a_failed_worker_resumes_from_its_checkpoint_and_loses_nothing(fake_cluster, tmp_path,
-                                                                       mode):
+def test_train_cli_dp2_mp2_on_its_own_fake_cluster(tmp_path, capsys):
+    """The command a user runs; it starts (and stops) a 2-node fake-GPU cluster itself,
+    so it runs before this module's shared cluster exists."""
+    code = main(["train", "--model", "biglstm", "--dp", "2", "--mp", "2", "--global-batch",
+                 "8", "--steps", "3", "--fake-cluster", "2x2", "--storage", str(tmp_path),
+                 "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["losses"]) == len(result["step_times_s"]) == 3
+    assert_matches_one_device_and_one_node_per_worker(result, "biglstm", 8, tmp_path)
+
+
+def test_dp2_mp2_with_micro_batches_matches_one_device(fake_cluster, tmp_path):
+    hybrid = fit_now(TrainConfig(model="inception_v3", dp_degree=2, mp_degree=2,
+                                 num_micro_batches=4, global_batch=8, steps=3, use_gpu=True),
+                     tmp_path)
+    assert_matches_one_device_and_one_node_per_worker(hybrid, "inception_v3", 8, tmp_path)
+
+
+def test_failed_workers_resume_from_their_checkpoint_and_lose_nothing(fake_cluster, tmp_path):
+    """One run, two failures: an exception at step 3, then the process killed at step 5;
+    each restart resumes from the last checkpoint."""
     common = dict(model="biglstm", mp_degree=2, num_micro_batches=2, global_batch=8,
                   steps=6, checkpoint_every=2)
-    resumed = fit_now(TrainConfig(**common, use_gpu=True, fail_at_step=3, fail_mode=mode),
-                      tmp_path, max_failures=1)
+    resumed = fit_now(TrainConfig(**common, use_gpu=True,
+                                  inject_failures=((3, "raise"), (5, "kill"))),
+                      tmp_path, max_failures=2)
+    assert sorted(p.name for p in tmp_path.glob("*/markers/*")) == ["failed-at-3",
+                                                                    "failed-at-5"]
     plain = run_local(TrainConfig(**common), tmp_path)
     assert resumed["losses"] == pytest.approx(plain["losses"], rel=1e-6)
     for name, value in plain["final_params"].items():
