@@ -1,0 +1,196 @@
+"""MILP placement, end to end: heuristic start, coarse solve, fine solve, checks.
+
+Every plan returned here has been re-evaluated by the simulator; a solver result the
+simulator disagrees with is dropped (with a note) and the best plan so far is kept, so
+the result is never worse than the heuristic it started from.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyomo.environ as pyo
+
+from placement.coarsen import chain_clusters
+from placement.heuristics import group_sequence
+from placement.milp import makespan as mk
+from placement.milp import max_load as ml
+from placement.milp.backends import BACKENDS, Backend, SolveOptions, SolveResult, choose_backend
+from placement.plan import Plan
+from placement.planner import Problem, best_heuristic, finish_plan
+from placement.refine import local_search
+from placement.simulate import device_loads
+
+#: Above this many groups the max-load MILP first runs on chain-merged clusters.
+MAX_LOAD_FINE_GROUPS = 120
+#: Share of the time limit the coarse max-load solve may use.
+COARSE_SHARE = 0.35
+
+
+@dataclass
+class Incumbent:
+    """The best plan so far and how it came about."""
+
+    group_device: np.ndarray
+    value: float
+    source: str
+    order: list[list[int]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def offer(self, group_device: np.ndarray, value: float, source: str,
+              order: list[list[int]] | None = None) -> bool:
+        if value < self.value - 1e-12 * max(1.0, abs(self.value)):
+            self.group_device, self.value, self.source, self.order = (
+                group_device.copy(), value, source, order)
+            return True
+        return False
+
+
+def solve_plan(problem: Problem, solver: str,
+               backends: Mapping[str, Backend] = BACKENDS) -> Plan:
+    """The configured objective's MILP plan with `solver` ('glpk', 'cbc', 'highs' or
+    'auto', which takes the first installed one)."""
+    started = time.perf_counter()
+    backend = choose_backend(solver, backends)
+    deadline = started + problem.config.time_limit_s
+    name, group_device, value = best_heuristic(problem)
+    incumbent = Incumbent(group_device, value, f"heuristic:{name}")
+    if problem.config.objective == "max-load":
+        bound, status = _max_load(problem, backend, incumbent, deadline)
+    else:
+        bound, status = _makespan(problem, backend, incumbent, deadline)
+    bound = min(max(bound, problem.lower_bound()), incumbent.value)
+    if status != "optimal" and incumbent.value - bound <= problem.config.gap * incumbent.value:
+        status = "optimal"
+    notes = list(incumbent.notes)
+    if status == "time_limit":
+        gap = (incumbent.value - bound) / incumbent.value if incumbent.value > 0 else 0.0
+        notes.append(f"time limit {problem.config.time_limit_s:g} s reached: best plan "
+                     f"so far, within {gap:.2%} of the proven bound")
+    notes.append(f"plan from {incumbent.source}")
+    return finish_plan(problem, incumbent.group_device, solver=backend.name, status=status,
+                       lower_bound=bound, solve_seconds=time.perf_counter() - started,
+                       order=incumbent.order, notes=notes)
+
+
+def _options(problem: Problem, deadline: float, share: float = 1.0,
+             cutoff: float | None = None) -> SolveOptions | None:
+    left = (deadline - time.perf_counter()) * share
+    if left < 0.5:
+        return None
+    return SolveOptions(time_limit_s=left, gap=problem.config.gap,
+                        threads=problem.config.threads, cutoff=cutoff)
+
+
+def _run(backend: Backend, model: pyo.ConcreteModel, options: SolveOptions,
+         incumbent: Incumbent) -> SolveResult:
+    """Run the solver; a crash becomes a note and no solution, never a plan."""
+    try:
+        result = backend.run(model, options)
+    except Exception as exc:  # noqa: BLE001 - any solver failure leaves the incumbent
+        incumbent.notes.append(f"warning: {backend.name} failed ({type(exc).__name__}: "
+                               f"{exc}); kept the {incumbent.source} plan")
+        return SolveResult(solver=backend.name, status="error", has_solution=False,
+                           lower_bound=-math.inf, seconds=0.0, message=str(exc))
+    if result.status == "error":
+        incumbent.notes.append(f"warning: {result.message}; kept the best plan so far")
+    return result
+
+
+def _check(problem: Problem, group_device: np.ndarray, claimed: float,
+           incumbent: Incumbent, backend: Backend) -> float | None:
+    """The simulated value of a solver's placement, or None (with a warning) when it
+    breaks memory or disagrees with the solver's own objective."""
+    k = problem.num_devices
+    ok_devices = group_device.min() >= 0 and group_device.max() < k
+    used = np.bincount(group_device, weights=problem.group_memory, minlength=k)
+    if not ok_devices or used.max() > problem.memory_cap * (1 + 1e-9):
+        incumbent.notes.append(f"warning: {backend.name} returned a placement that breaks "
+                               "the memory caps; ignored it")
+        return None
+    value = float(device_loads(problem.tg, group_device, k).max())
+    if value > claimed * (1 + 1e-4):
+        incumbent.notes.append(
+            f"warning: {backend.name} claimed {claimed:.6g} but the simulator gives "
+            f"{value:.6g}; ignored the solver's plan")
+        return None
+    return value
+
+
+# ---- max-load -------------------------------------------------------------------------
+
+def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
+              deadline: float) -> tuple[float, str]:
+    tg, k = problem.tg, problem.num_devices
+    seq = group_sequence(tg)
+
+    def score(gd: np.ndarray) -> tuple[float, np.ndarray]:
+        loads = device_loads(tg, gd, k)
+        return float(loads.max()), loads
+
+    def refine(source: str) -> None:
+        gd, value = local_search(incumbent.group_device, score, num_devices=k,
+                                 group_memory=problem.group_memory,
+                                 memory_cap=problem.memory_cap, deadline=deadline)
+        incumbent.offer(gd, value, f"{source} + local search")
+
+    refine(incumbent.source)
+    if tg.num_groups > MAX_LOAD_FINE_GROUPS:
+        clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
+        _max_load_round(problem, backend, incumbent, clusters,
+                        deadline, COARSE_SHARE,
+                        f"{backend.name} on {len(clusters)} clusters")
+        refine(incumbent.source)
+    bound, status = _max_load_round(problem, backend, incumbent, [[g] for g in seq],
+                                    deadline, 1.0,
+                                    backend.name)
+    if status != "optimal":
+        refine(incumbent.source)
+    return bound, status
+
+
+def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
+                    units: list[list[int]], deadline: float, share: float,
+                    source: str) -> tuple[float, str]:
+    """One MILP over `units`; its bound is a fine bound only when units are groups.
+    Only the fine model gets the incumbent as a cutoff (a coarse model may not reach
+    it, and its solution is still worth refining)."""
+    tg = problem.tg
+    fine = all(len(u) == 1 for u in units)
+    data = ml.max_load_data(tg, units, problem.num_devices, problem.group_memory,
+                            problem.memory_cap)
+    options = _options(problem, deadline, share,
+                       incumbent.value / data.scale if fine else None)
+    if options is None:
+        return -math.inf, "time_limit"
+    model = ml.build_max_load(data)
+    unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
+    for i, groups in enumerate(units):
+        unit_of_group[groups] = i
+    start = incumbent.group_device[[groups[0] for groups in units]]
+    if fine or all(len(set(incumbent.group_device[g].tolist())) == 1 for g in units):
+        ml.set_start(model, data, start)
+    result = _run(backend, model, options, incumbent)
+    if result.has_solution:
+        group_device = ml.unit_devices(model)[unit_of_group]
+        value = _check(problem, group_device, float(pyo.value(model.L)) * data.scale,
+                       incumbent, backend)
+        if value is not None:
+            incumbent.offer(group_device, value, source)
+    bound = result.lower_bound * data.scale if fine else -math.inf
+    if result.status == "optimal" and fine:
+        return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
+    if result.status == "no_solution" and fine and math.isfinite(result.lower_bound):
+        return bound, "time_limit"
+    return bound, "time_limit"
+
+
+# ---- makespan -------------------------------------------------------------------------
+
+def _makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
+              deadline: float) -> tuple[float, str]:
+    return mk.solve_makespan(problem, backend, incumbent, deadline, run=_run)
