@@ -125,6 +125,9 @@ def _run_shell(name: str, model: pyo.ConcreteModel, options: SolveOptions) -> So
     """CBC or GLPK through their executables."""
     solver = pyo.SolverFactory(name)
     if name == "cbc":
+        # CBC counts CPU seconds unless told otherwise; on a shared machine that lets
+        # it run far past a wall-clock limit.
+        solver.options["timeMode"] = "elapsed"
         solver.options["seconds"] = options.time_limit_s
         solver.options["ratioGap"] = options.gap
         if options.threads:

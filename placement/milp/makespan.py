@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +29,9 @@ import pyomo.environ as pyo
 
 from placement import heuristics
 from placement.coarsen import chain_clusters, contract, interval_clusters
-from placement.milp.backends import SolveOptions
+from placement.graph import GraphError
+from placement.milp.backends import Backend, SolveOptions
+from placement.milp.incumbent import Incumbent, believable, placement_fits, run_checked
 from placement.milp.max_load import canonical_devices
 from placement.refine import local_search
 from placement.simulate import (
@@ -39,6 +41,7 @@ from placement.simulate import (
     list_schedule,
     order_by_start,
 )
+from placement.planner import Problem
 from placement.tasks import Task, TaskGraph
 
 #: Most unordered task pairs with overlapping windows a model may carry; beyond it the
@@ -81,35 +84,35 @@ def makespan_data(tg: TaskGraph, unit_of_group: np.ndarray, num_devices: int,
                   unit_memory: np.ndarray, memory_cap: float, upper_bound: float,
                   lower_bound: float) -> MakespanData:
     head, tail = heads_tails(tg)
-    n = tg.num_tasks
-    reach = _reachability(tg)
-    latest_finish = upper_bound - tail + tg.duration_s
-    pairs = []
-    for i in range(n):
-        for j in range(i + 1, n):
-            if (reach[i] >> j) & 1 or (reach[j] >> i) & 1:
-                continue
-            # Disjoint windows: the order is forced, no decision needed.
-            if latest_finish[i] <= head[j] + 1e-12 or latest_finish[j] <= head[i] + 1e-12:
-                continue
-            if tg.duration_s[i] <= 0 or tg.duration_s[j] <= 0:
-                continue
-            pairs.append((i, j))
     return MakespanData(
         tg=tg, num_devices=num_devices, unit_of_task=unit_of_group[tg.group],
         num_units=int(unit_of_group.max()) + 1, unit_memory=unit_memory,
         memory_cap=memory_cap, upper_bound=upper_bound, lower_bound=lower_bound,
-        head=head, tail=tail, pairs=tuple(pairs), scale=max(upper_bound, 1e-300) / 1000)
+        head=head, tail=tail, pairs=order_pairs(tg, head, tail, upper_bound),
+        scale=max(upper_bound, 1e-300) / 1000)
 
 
-def _reachability(tg: TaskGraph) -> list[int]:
-    """Per task, a bit set of the tasks reachable from it."""
-    reach = [0] * tg.num_tasks
+def order_pairs(tg: TaskGraph, head: np.ndarray, tail: np.ndarray,
+                upper_bound: float) -> tuple[tuple[int, int], ...]:
+    """Task pairs (i < j) that need an order decision: neither reaches the other and
+    their windows [head, UB - tail + p] overlap (else any schedule that finishes by UB
+    orders them already). Zero-length tasks count too: a device runs its tasks in a
+    sequence, so one cannot sit inside another's interval."""
+    latest_finish = upper_bound - tail + tg.duration_s
+    overlap = ((latest_finish[:, None] >= head[None, :])
+               & (latest_finish[None, :] >= head[:, None]))
+    related = _reachability(tg)
+    need = np.triu(overlap & ~related & ~related.T, 1)
+    return tuple(zip(*(x.tolist() for x in np.nonzero(need))))
+
+
+def _reachability(tg: TaskGraph) -> np.ndarray:
+    """reach[i, j]: a path leads from task i to task j."""
+    reach = np.zeros((tg.num_tasks, tg.num_tasks), dtype=bool)
     for t in reversed(tg.topological_order):
-        bits = 0
         for s, _ in tg.successors[t]:
-            bits |= reach[s] | (1 << s)
-        reach[t] = bits
+            reach[t] |= reach[s]
+            reach[t, s] = True
     return reach
 
 
@@ -308,7 +311,8 @@ def coarse_task_graph(tg: TaskGraph, clusters: Sequence[Sequence[int]]
     return coarse_tg, members
 
 
-def solve_makespan(problem, backend, incumbent, deadline: float, *, run: Callable):
+def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
+                   deadline: float) -> tuple[float, str]:
     """Improve `incumbent` (a heuristic plan) by coarse MILP, expansion and local search;
     returns (proven bound, status)."""
     tg, k = problem.tg, problem.num_devices
@@ -319,61 +323,55 @@ def solve_makespan(problem, backend, incumbent, deadline: float, *, run: Callabl
         np.maximum.at(last, schedule.device, schedule.finish_s)
         return schedule.step_time_s, last + 1e-9 * busy_time(tg, gd, k)
 
-    fine_units = np.arange(tg.num_groups)
-    bound, status = -math.inf, "time_limit"
-    for clusters, label in _levels(tg, k, problem, incumbent):
-        left = deadline - time.perf_counter()
-        if left < 0.5:
-            break
-        if clusters is None:
-            ctg, members, unit_of_group = tg, [[t] for t in range(tg.num_tasks)], fine_units
-        else:
-            ctg, members = coarse_task_graph(tg, clusters)
-            unit_of_group = np.arange(len(clusters))
-        b, st = _makespan_round(problem, backend, incumbent, ctg, members, unit_of_group,
-                                clusters, label, deadline, run)
-        if clusters is None:
-            bound, status = b, st
-        if st == "optimal" and clusters is None:
-            return bound, status
-        gd, value = local_search(incumbent.group_device, score, num_devices=k,
-                                 group_memory=problem.group_memory,
-                                 memory_cap=problem.memory_cap, deadline=deadline)
-        if incumbent.offer(gd, value, f"{incumbent.source} + local search"):
-            incumbent.order = None
+    clusters, label = _level(tg, k, problem, incumbent)
+    if clusters is None:
+        ctg, members = tg, [[t] for t in range(tg.num_tasks)]
+        unit_of_group = np.arange(tg.num_groups)
+    else:
+        ctg, members = coarse_task_graph(tg, clusters)
+        unit_of_group = np.arange(len(clusters))
+    bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
+                                    unit_of_group, clusters, label, deadline)
+    if status == "optimal":
+        return bound, status
+    gd, value = local_search(incumbent.group_device, score, num_devices=k,
+                             group_memory=problem.group_memory,
+                             memory_cap=problem.memory_cap, deadline=deadline)
+    incumbent.offer(gd, value, f"{incumbent.source} + local search")
     return bound, status
 
 
-def _levels(tg: TaskGraph, k: int, problem, incumbent):
-    """The task graphs to solve: the fine one when its model is small enough, else the
-    finest chain/interval clustering whose model fits MAX_PAIRS."""
-    head_ub = incumbent.value
-    fine = makespan_data(tg, np.arange(tg.num_groups), k, problem.group_memory,
-                         problem.memory_cap, head_ub, problem.lower_bound())
-    if len(fine.pairs) <= MAX_PAIRS:
-        yield None, "fine"
-        return
+def _level(tg: TaskGraph, k: int, problem: Problem,
+           incumbent: Incumbent) -> tuple[list[list[int]] | None, str]:
+    """What to solve: the fine graph (None) when its model has at most MAX_PAIRS order
+    decisions, else the finest clustering (chains, then ever fewer intervals) whose
+    coarse model does; the coarsest when none does."""
+    def pairs(ctg: TaskGraph) -> int:
+        head, tail = heads_tails(ctg)
+        return len(order_pairs(ctg, head, tail, incumbent.value))
+
+    if pairs(tg) <= MAX_PAIRS:
+        return None, "fine"
     candidates = [chain_clusters(tg, float(tg.duration_s.sum()) / k / 4)]
     candidates += [interval_clusters(tg, n) for n in (60, 40, 24, 12)]
     for clusters in candidates:
         try:
             ctg, _ = coarse_task_graph(tg, clusters)
-        except Exception:  # noqa: BLE001 - a non-convex clustering is skipped
+        except GraphError:
             continue
-        data = makespan_data(ctg, np.arange(len(clusters)), k,
-                             _cluster_memory(problem, clusters), problem.memory_cap,
-                             head_ub, problem.lower_bound())
-        if len(data.pairs) <= MAX_PAIRS:
-            yield clusters, f"{len(clusters)} clusters"
-            return
+        if pairs(ctg) <= MAX_PAIRS:
+            break
+    return clusters, f"{len(clusters)} clusters"
 
 
-def _cluster_memory(problem, clusters) -> np.ndarray:
+def _cluster_memory(problem: Problem, clusters: list[list[int]]) -> np.ndarray:
     return np.array([problem.group_memory[list(c)].sum() for c in clusters])
 
 
-def _makespan_round(problem, backend, incumbent, ctg: TaskGraph, members, unit_of_group,
-                    clusters, label: str, deadline: float, run: Callable):
+def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
+                    ctg: TaskGraph, members: list[list[int]], unit_of_group: np.ndarray,
+                    clusters: list[list[int]] | None, label: str,
+                    deadline: float) -> tuple[float, str]:
     tg, k = problem.tg, problem.num_devices
     unit_memory = (problem.group_memory if clusters is None
                    else _cluster_memory(problem, clusters))
@@ -392,28 +390,27 @@ def _makespan_round(problem, backend, incumbent, ctg: TaskGraph, members, unit_o
     options = SolveOptions(time_limit_s=max(left, 0.5), gap=problem.config.gap,
                            threads=problem.config.threads,
                            cutoff=schedule.step_time_s / data.scale if fine else None)
-    result = run(backend, model, options, incumbent)
+    result = run_checked(backend, model, options, incumbent)
     if result.has_solution:
         unit_device, start = solution(model, data)
         claimed = float(pyo.value(model.C)) * data.scale
         group_device = (unit_device if fine else _expand_groups(unit_device, clusters,
                                                                  tg.num_groups))
+        if not placement_fits(problem, group_device, incumbent, backend):
+            return (-math.inf, "time_limit")
         order = _expand_order(ctg, members, unit_device[ctg.group], start, k)
         try:
             value = evaluate_order(tg, group_device, order).step_time_s
         except OrderError:
-            # Start times within the solver's tolerance can tie a zero-length task
-            # with its successor; the placement still stands, with a list schedule.
+            # Start times within the solver's tolerance can put a task just before
+            # its zero-length predecessor; the placement stands, with a list schedule.
             value, order = math.inf, None
-        if fine and math.isfinite(value) and value > claimed * (1 + 1e-4):
-            incumbent.notes.append(
-                f"warning: {backend.name} claimed {claimed:.6g} but the simulator gives "
-                f"{value:.6g}; ignored the solver's plan")
-        else:
-            if order is not None:
-                incumbent.offer(group_device, value, f"{backend.name} ({label})", order)
-            listed = list_schedule(tg, group_device, k).step_time_s
-            incumbent.offer(group_device, listed, f"{backend.name} ({label}) + list schedule")
+        if fine and order is not None and not believable(claimed, value, incumbent, backend):
+            return -math.inf, "time_limit"
+        if order is not None:
+            incumbent.offer(group_device, value, f"{backend.name} ({label})", order)
+        listed = list_schedule(tg, group_device, k).step_time_s
+        incumbent.offer(group_device, listed, f"{backend.name} ({label}) + list schedule")
     bound = result.lower_bound * data.scale if fine else -math.inf
     if fine and result.status == "optimal":
         return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 import numpy as np
 import pyomo.environ as pyo
 
@@ -19,7 +17,8 @@ from placement.coarsen import chain_clusters
 from placement.heuristics import group_sequence
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
-from placement.milp.backends import BACKENDS, Backend, SolveOptions, SolveResult, choose_backend
+from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
+from placement.milp.incumbent import Incumbent, believable, placement_fits, run_checked
 from placement.plan import Plan
 from placement.planner import Problem, best_heuristic, finish_plan
 from placement.refine import local_search
@@ -29,25 +28,6 @@ from placement.simulate import device_loads
 MAX_LOAD_FINE_GROUPS = 120
 #: Share of the time limit the coarse max-load solve may use.
 COARSE_SHARE = 0.35
-
-
-@dataclass
-class Incumbent:
-    """The best plan so far and how it came about."""
-
-    group_device: np.ndarray
-    value: float
-    source: str
-    order: list[list[int]] | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def offer(self, group_device: np.ndarray, value: float, source: str,
-              order: list[list[int]] | None = None) -> bool:
-        if value < self.value - 1e-12 * max(1.0, abs(self.value)):
-            self.group_device, self.value, self.source, self.order = (
-                group_device.copy(), value, source, order)
-            return True
-        return False
 
 
 def solve_plan(problem: Problem, solver: str,
@@ -84,41 +64,6 @@ def _options(problem: Problem, deadline: float, share: float = 1.0,
         return None
     return SolveOptions(time_limit_s=left, gap=problem.config.gap,
                         threads=problem.config.threads, cutoff=cutoff)
-
-
-def _run(backend: Backend, model: pyo.ConcreteModel, options: SolveOptions,
-         incumbent: Incumbent) -> SolveResult:
-    """Run the solver; a crash becomes a note and no solution, never a plan."""
-    try:
-        result = backend.run(model, options)
-    except Exception as exc:  # noqa: BLE001 - any solver failure leaves the incumbent
-        incumbent.notes.append(f"warning: {backend.name} failed ({type(exc).__name__}: "
-                               f"{exc}); kept the {incumbent.source} plan")
-        return SolveResult(solver=backend.name, status="error", has_solution=False,
-                           lower_bound=-math.inf, seconds=0.0, message=str(exc))
-    if result.status == "error":
-        incumbent.notes.append(f"warning: {result.message}; kept the best plan so far")
-    return result
-
-
-def _check(problem: Problem, group_device: np.ndarray, claimed: float,
-           incumbent: Incumbent, backend: Backend) -> float | None:
-    """The simulated value of a solver's placement, or None (with a warning) when it
-    breaks memory or disagrees with the solver's own objective."""
-    k = problem.num_devices
-    ok_devices = group_device.min() >= 0 and group_device.max() < k
-    used = np.bincount(group_device, weights=problem.group_memory, minlength=k)
-    if not ok_devices or used.max() > problem.memory_cap * (1 + 1e-9):
-        incumbent.notes.append(f"warning: {backend.name} returned a placement that breaks "
-                               "the memory caps; ignored it")
-        return None
-    value = float(device_loads(problem.tg, group_device, k).max())
-    if value > claimed * (1 + 1e-4):
-        incumbent.notes.append(
-            f"warning: {backend.name} claimed {claimed:.6g} but the simulator gives "
-            f"{value:.6g}; ignored the solver's plan")
-        return None
-    return value
 
 
 # ---- max-load -------------------------------------------------------------------------
@@ -174,18 +119,16 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     start = incumbent.group_device[[groups[0] for groups in units]]
     if fine or all(len(set(incumbent.group_device[g].tolist())) == 1 for g in units):
         ml.set_start(model, data, start)
-    result = _run(backend, model, options, incumbent)
+    result = run_checked(backend, model, options, incumbent)
     if result.has_solution:
         group_device = ml.unit_devices(model)[unit_of_group]
-        value = _check(problem, group_device, float(pyo.value(model.L)) * data.scale,
-                       incumbent, backend)
-        if value is not None:
-            incumbent.offer(group_device, value, source)
+        if placement_fits(problem, group_device, incumbent, backend):
+            value = float(device_loads(tg, group_device, problem.num_devices).max())
+            if believable(float(pyo.value(model.L)) * data.scale, value, incumbent, backend):
+                incumbent.offer(group_device, value, source)
     bound = result.lower_bound * data.scale if fine else -math.inf
     if result.status == "optimal" and fine:
         return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
-    if result.status == "no_solution" and fine and math.isfinite(result.lower_bound):
-        return bound, "time_limit"
     return bound, "time_limit"
 
 
@@ -193,4 +136,4 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
 
 def _makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
               deadline: float) -> tuple[float, str]:
-    return mk.solve_makespan(problem, backend, incumbent, deadline, run=_run)
+    return mk.solve_makespan(problem, backend, incumbent, deadline)
