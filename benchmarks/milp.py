@@ -62,11 +62,11 @@ def exactness(solvers, num_graphs: int) -> None:
                   f"{statistics.median(seconds):.2f} |", flush=True)
 
 
-def peer_max_load(solvers, time_limit: float) -> None:
+def peer_max_load(solvers, time_limit: float, graphs) -> None:
     print(f"\n(2) max-load on the peer training graphs, 6 devices, {time_limit:g} s limit")
     print("| graph | peer optimum | heuristic | solver | value | bound | gap | s | value/peer |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name in TRAINING:
+    for name in graphs:
         graph = load_graph(PEER / f"{name}.json")
         k = int(graph.metadata.get("num_devices", 6))
         for solver in solvers:
@@ -81,11 +81,11 @@ def peer_max_load(solvers, time_limit: float) -> None:
                   f"{plan.solve_seconds:.0f} | {ratio} |", flush=True)
 
 
-def step_time(solvers, time_limit: float, device_counts) -> None:
+def step_time(solvers, time_limit: float, device_counts, graphs) -> None:
     print(f"\n(3) step time on the peer training graphs, {time_limit:g} s limit")
     print("| graph | devices | HEFT | solver | value | bound | gap | s | value/HEFT |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name in TRAINING:
+    for name in graphs:
         graph = load_graph(PEER / f"{name}.json")
         for k in device_counts:
             p = make_problem(graph, CLUSTER, PlanConfig(
@@ -155,15 +155,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--graphs", type=int, default=30, help="random DAGs for --exact")
     ap.add_argument("--devices", default="2,4,8", help="device counts for --step")
     ap.add_argument("--sizes", default="50,100,200,500,1000,2000")
+    ap.add_argument("--only", default="", help="peer graphs whose name contains this")
     args = ap.parse_args(argv)
     solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
+    graphs = [g for g in TRAINING if args.only in g]
     everything = not (args.exact or args.peer or args.step or args.scaling)
     if args.exact or everything:
         exactness(solvers, args.graphs)
     if (args.peer or everything) and PEER.is_dir():
-        peer_max_load(solvers, args.time_limit)
+        peer_max_load(solvers, args.time_limit, graphs)
     if (args.step or everything) and PEER.is_dir():
-        step_time(solvers, args.time_limit, [int(x) for x in args.devices.split(",")])
+        step_time(solvers, args.time_limit, [int(x) for x in args.devices.split(",")],
+                  graphs)
     if args.scaling or everything:
         scaling(solvers, args.time_limit, [int(x) for x in args.sizes.split(",")])
 

@@ -8,6 +8,8 @@ record; the solution, when there is one, is loaded into the model's variables.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -117,6 +119,17 @@ def _run_highs(model: pyo.ConcreteModel, options: SolveOptions) -> SolveResult:
                        seconds=time.perf_counter() - started, message=str(term))
 
 
+@contextlib.contextmanager
+def _quiet(logger: str):
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _shell_available(name: str) -> bool:
     return bool(pyo.SolverFactory(name).available(exception_flag=False))
 
@@ -151,7 +164,10 @@ def _run_shell(name: str, model: pyo.ConcreteModel, options: SolveOptions) -> So
     has = len(res.solution) > 0 and res.solver.status in (
         SolverStatus.ok, SolverStatus.aborted, SolverStatus.warning)
     if has:
-        model.solutions.load_from(res)
+        # Pyomo warns when it loads the solution of a run stopped by its time limit;
+        # that is expected here, and the caller reports the gap instead.
+        with _quiet("pyomo.core"):
+            model.solutions.load_from(res)
     bound = res.problem.lower_bound
     bound = float(bound) if bound is not None and math.isfinite(float(bound)) else -math.inf
     if term == TerminationCondition.optimal and has:

@@ -386,7 +386,7 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                          schedule.step_time_s, problem.lower_bound())
     model = build_makespan(data)
     set_start(model, data, start_device, schedule.start_s)
-    left = deadline - time.perf_counter()
+    left = deadline - time.perf_counter() - min(2.0, 0.05 * problem.config.time_limit_s)
     options = SolveOptions(time_limit_s=max(left, 0.5), gap=problem.config.gap,
                            threads=problem.config.threads,
                            cutoff=schedule.step_time_s / data.scale if fine else None)

@@ -59,7 +59,8 @@ def solve_plan(problem: Problem, solver: str,
 
 def _options(problem: Problem, deadline: float, share: float = 1.0,
              cutoff: float | None = None) -> SolveOptions | None:
-    left = (deadline - time.perf_counter()) * share
+    # Keep a little time for checking, refining and packaging the solver's answer.
+    left = (deadline - time.perf_counter()) * share - min(2.0, 0.05 * problem.config.time_limit_s)
     if left < 0.5:
         return None
     return SolveOptions(time_limit_s=left, gap=problem.config.gap,
