@@ -2,7 +2,8 @@
 
 The refinement step of multilevel planning: after a coarse plan is expanded (or a MILP
 stopped at its time limit), move one placement group at a time to another device while
-that improves the plan. Moves start from the groups of the worst device (the busiest
+that improves the plan, and when no move helps, swap a group of the worst device with
+one of another device. Moves start from the groups of the worst device (the busiest
 for max-load; the last to finish for step time), since only those can lower the value.
 A plateau move is taken when it keeps the value and lowers the sum of squared device
 loads, which spreads work and opens the next real improvement.
@@ -32,35 +33,58 @@ def local_search(group_device: np.ndarray, score: Score, *, num_devices: int,
                           memory_cap, used, deadline)
         if move is None:
             break
-        g, d, value, loads = move
-        used[best[g]] -= group_memory[g]
-        used[d] += group_memory[g]
-        best[g] = d
+        for g, d in move[0]:
+            used[best[g]] -= group_memory[g]
+            used[d] += group_memory[g]
+            best[g] = d
+        value, loads = move[1], move[2]
     return best, value
 
 
 def _best_move(current: np.ndarray, value: float, loads: np.ndarray, score: Score,
                num_devices: int, group_memory: np.ndarray, memory_cap: float,
                used: np.ndarray, deadline: float):
+    """The best improving single move, else the best improving swap, as
+    ([(group, new device), ...], value, loads); None when neither improves."""
     worst = int(np.argmax(loads))
     spread = float(np.square(loads).sum())
     tolerance = 1e-12 * max(1.0, abs(value))
+    mine = np.flatnonzero(current == worst).tolist()
     best = None
-    for g in np.flatnonzero(current == worst).tolist():
-        for d in range(num_devices):
-            if d == worst or used[d] + group_memory[g] > memory_cap:
-                continue
+
+    def consider(changes: list[tuple[int, int]]) -> None:
+        nonlocal best
+        if time.perf_counter() > deadline:
+            return
+        old = [(g, int(current[g])) for g, _ in changes]
+        for g, d in changes:
             current[g] = d
-            v, new_loads = score(current)
-            current[g] = worst
-            key = (v, float(np.square(new_loads).sum()))
-            better = v < value - tolerance or (
-                v <= value + tolerance and key[1] < spread * (1 - 1e-9))
-            if better and (best is None or key < best[0]):
-                best = (key, g, d, v, new_loads)
+        v, new_loads = score(current)
+        for g, d in old:
+            current[g] = d
+        key = (v, float(np.square(new_loads).sum()))
+        better = v < value - tolerance or (
+            v <= value + tolerance and key[1] < spread * (1 - 1e-9))
+        if better and (best is None or key < best[0]):
+            best = (key, changes, v, new_loads)
+
+    for g in mine:
+        for d in range(num_devices):
+            if d != worst and used[d] + group_memory[g] <= memory_cap:
+                consider([(g, d)])
         if time.perf_counter() > deadline:
             break
     if best is None:
+        others = np.flatnonzero(current != worst).tolist()
+        for g in mine:
+            for h in others:
+                d = int(current[h])
+                if (used[d] - group_memory[h] + group_memory[g] <= memory_cap
+                        and used[worst] - group_memory[g] + group_memory[h] <= memory_cap):
+                    consider([(g, d), (h, worst)])
+            if time.perf_counter() > deadline:
+                break
+    if best is None:
         return None
-    _, g, d, v, new_loads = best
-    return g, d, v, new_loads
+    _, changes, v, new_loads = best
+    return changes, v, new_loads

@@ -46,7 +46,9 @@ from placement.tasks import Task, TaskGraph
 
 #: Most unordered task pairs with overlapping windows a model may carry; beyond it the
 #: graph is coarsened further (each pair is one binary and two big-M rows).
-MAX_PAIRS = 2500
+MAX_PAIRS = 5000
+#: Share of the time a coarse MILP may use; local search on the fine graph gets the rest.
+COARSE_SHARE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +246,10 @@ def set_start(m: pyo.ConcreteModel, data: MakespanData, unit_device: np.ndarray,
             m.prefix[u, d].value = prefix[u, d]
     dev = unit_device[data.unit_of_task]
     for t in m.T:
-        m.S[t].value = float(start[t]) / data.scale
+        # Clip to the window: the start times come from a float schedule whose last
+        # bits may differ from the window's own arithmetic.
+        lb, ub = m.S[t].bounds
+        m.S[t].value = min(max(float(start[t]) / data.scale, lb), ub)
     for e in m.X:
         m.z[e].value = float(dev[tg.edge_src[e]] != dev[tg.edge_dst[e]])
     for u, v in m.UP:
@@ -330,8 +335,10 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
     else:
         ctg, members = coarse_task_graph(tg, clusters)
         unit_of_group = np.arange(len(clusters))
+    share = 1.0 if clusters is None else COARSE_SHARE
     bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
-                                    unit_of_group, clusters, label, deadline)
+                                    unit_of_group, clusters, label,
+                                    time.perf_counter() + share * (deadline - time.perf_counter()))
     if status == "optimal":
         return bound, status
     gd, value = local_search(incumbent.group_device, score, num_devices=k,
@@ -376,20 +383,27 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     unit_memory = (problem.group_memory if clusters is None
                    else _cluster_memory(problem, clusters))
     fine = clusters is None
-    # Warm start: the incumbent itself on the fine graph; HEFT on the coarse one.
+    # Warm start: the incumbent itself on the fine graph; on the coarse one, the better
+    # of HEFT and the incumbent projected (each cluster where most of its work sits).
     if fine:
-        start_device = incumbent.group_device
+        starts = [incumbent.group_device]
     else:
-        start_device = heuristics.heft(ctg, k, unit_memory, problem.memory_cap)
-    schedule = list_schedule(ctg, start_device, k)
+        starts = [heuristics.heft(ctg, k, unit_memory, problem.memory_cap),
+                  _project(incumbent.group_device, clusters, tg, k)]
+    schedules = [(list_schedule(ctg, gd, k), gd) for gd in starts
+                 if np.bincount(gd, weights=unit_memory, minlength=k).max()
+                 <= problem.memory_cap]
+    schedule, start_device = min(schedules, key=lambda x: x[0].step_time_s)
+    # Only plans that beat the incumbent matter: its value bounds the time windows.
     data = makespan_data(ctg, unit_of_group, k, unit_memory, problem.memory_cap,
-                         schedule.step_time_s, problem.lower_bound())
+                         incumbent.value, problem.lower_bound())
     model = build_makespan(data)
-    set_start(model, data, start_device, schedule.start_s)
+    if schedule.step_time_s <= incumbent.value:
+        set_start(model, data, start_device, schedule.start_s)
     left = deadline - time.perf_counter() - min(2.0, 0.05 * problem.config.time_limit_s)
     options = SolveOptions(time_limit_s=max(left, 0.5), gap=problem.config.gap,
                            threads=problem.config.threads,
-                           cutoff=schedule.step_time_s / data.scale if fine else None)
+                           cutoff=incumbent.value / data.scale if fine else None)
     result = run_checked(backend, model, options, incumbent)
     if result.has_solution:
         unit_device, start = solution(model, data)
@@ -415,6 +429,14 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     if fine and result.status == "optimal":
         return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
     return bound, "time_limit"
+
+
+def _project(group_device: np.ndarray, clusters: list[list[int]], tg: TaskGraph,
+             k: int) -> np.ndarray:
+    """Each cluster on the device that holds most of its work in `group_device`."""
+    return np.array([int(np.argmax(np.bincount(group_device[c], weights=tg.group_work_s[c],
+                                                minlength=k))) for c in clusters],
+                    dtype=np.int64)
 
 
 def _expand_groups(unit_device: np.ndarray, clusters, num_groups: int) -> np.ndarray:
