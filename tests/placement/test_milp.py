@@ -155,3 +155,29 @@ def test_never_worse_than_the_heuristic_on_a_peer_graph(solver):
         assert plan.value <= best_heuristic(p)[2] * (1 + 1e-12)
         assert plan.lower_bound <= plan.value
         assert np.isfinite(plan.value)
+
+
+def test_the_planner_loads_pyomo_only_when_a_milp_solver_runs():
+    import subprocess
+    import sys
+
+    code = ("import sys, placement.planner; "
+            "assert 'pyomo' not in sys.modules and 'highspy' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=Path(__file__).resolve().parents[2])
+
+
+@pytest.mark.solver
+@pytest.mark.skipif(not installed("highs"), reason="highs not installed")
+def test_the_cli_plans_with_a_milp_solver(capsys):
+    import json
+
+    from orchestrator.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    assert main(["plan", "--graph", str(root / "examples" / "branchy.json"),
+                 "--devices", "2", "--solver", "highs", "--time-limit", "10",
+                 "--gap", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["solver"] == "highs" and out["status"] == "optimal"
+    assert out["value"] == pytest.approx(out["lower_bound"])
