@@ -47,8 +47,11 @@ from placement.tasks import Task, TaskGraph
 #: Most unordered task pairs with overlapping windows a model may carry; beyond it the
 #: graph is coarsened further (each pair is one binary and two big-M rows).
 MAX_PAIRS = 5000
-#: Share of the time a coarse MILP may use; local search on the fine graph gets the rest.
-COARSE_SHARE = 0.5
+#: Shares of the time left that a fine or a coarse MILP round may use; local search
+#: on the fine graph gets the rest, and REFINE_SHARE before the round.
+FINE_SHARE = 0.85
+COARSE_SHARE = 0.6
+REFINE_SHARE = 0.2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,6 +331,16 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
         np.maximum.at(last, schedule.device, schedule.finish_s)
         return schedule.step_time_s, last + 1e-9 * busy_time(tg, gd, k)
 
+    def refine(share: float) -> None:
+        until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
+        gd, value = local_search(incumbent.group_device, score, num_devices=k,
+                                 group_memory=problem.group_memory,
+                                 memory_cap=problem.memory_cap, deadline=until)
+        incumbent.offer(gd, value, f"{incumbent.source} + local search")
+
+    # Local search first hands the MILP a better incumbent (tighter windows), but
+    # must leave it time.
+    refine(REFINE_SHARE)
     clusters, label = _level(tg, k, problem, incumbent)
     if clusters is None:
         ctg, members = tg, [[t] for t in range(tg.num_tasks)]
@@ -335,16 +348,12 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
     else:
         ctg, members = coarse_task_graph(tg, clusters)
         unit_of_group = np.arange(len(clusters))
-    share = 1.0 if clusters is None else COARSE_SHARE
+    share = FINE_SHARE if clusters is None else COARSE_SHARE
     bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
                                     unit_of_group, clusters, label,
                                     time.perf_counter() + share * (deadline - time.perf_counter()))
-    if status == "optimal":
-        return bound, status
-    gd, value = local_search(incumbent.group_device, score, num_devices=k,
-                             group_memory=problem.group_memory,
-                             memory_cap=problem.memory_cap, deadline=deadline)
-    incumbent.offer(gd, value, f"{incumbent.source} + local search")
+    if status != "optimal":
+        refine(1.0)
     return bound, status
 
 

@@ -28,6 +28,8 @@ from placement.simulate import device_loads
 MAX_LOAD_FINE_GROUPS = 120
 #: Share of the time limit the coarse max-load solve may use.
 COARSE_SHARE = 0.35
+#: Share of the time left that local search may take before a MILP round.
+REFINE_SHARE = 0.2
 
 
 def solve_plan(problem: Problem, solver: str,
@@ -60,7 +62,8 @@ def solve_plan(problem: Problem, solver: str,
 def _options(problem: Problem, deadline: float, share: float = 1.0,
              cutoff: float | None = None) -> SolveOptions | None:
     # Keep a little time for checking, refining and packaging the solver's answer.
-    left = (deadline - time.perf_counter()) * share - min(2.0, 0.05 * problem.config.time_limit_s)
+    reserve = min(2.0, 0.05 * problem.config.time_limit_s)
+    left = (deadline - time.perf_counter()) * share - reserve
     if left < 0.5:
         return None
     return SolveOptions(time_limit_s=left, gap=problem.config.gap,
@@ -78,24 +81,26 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
         loads = device_loads(tg, gd, k)
         return float(loads.max()), loads
 
-    def refine(source: str) -> None:
+    def refine(source: str, share: float) -> None:
+        until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
         gd, value = local_search(incumbent.group_device, score, num_devices=k,
                                  group_memory=problem.group_memory,
-                                 memory_cap=problem.memory_cap, deadline=deadline)
+                                 memory_cap=problem.memory_cap, deadline=until)
         incumbent.offer(gd, value, f"{source} + local search")
 
-    refine(incumbent.source)
+    # Local search first gives the MILP a better incumbent, but must leave it time.
+    refine(incumbent.source, REFINE_SHARE)
     if tg.num_groups > MAX_LOAD_FINE_GROUPS:
         clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
         _max_load_round(problem, backend, incumbent, clusters,
                         deadline, COARSE_SHARE,
                         f"{backend.name} on {len(clusters)} clusters")
-        refine(incumbent.source)
+        refine(incumbent.source, REFINE_SHARE)
     bound, status = _max_load_round(problem, backend, incumbent, [[g] for g in seq],
                                     deadline, 1.0,
                                     backend.name)
     if status != "optimal":
-        refine(incumbent.source)
+        refine(incumbent.source, 1.0)
     return bound, status
 
 
@@ -109,9 +114,7 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     fine = all(len(u) == 1 for u in units)
     data = ml.max_load_data(tg, units, problem.num_devices, problem.group_memory,
                             problem.memory_cap)
-    options = _options(problem, deadline, share,
-                       incumbent.value / data.scale if fine else None)
-    if options is None:
+    if deadline - time.perf_counter() < 1.0:
         return -math.inf, "time_limit"
     model = ml.build_max_load(data)
     unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
@@ -120,6 +123,11 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     start = incumbent.group_device[[groups[0] for groups in units]]
     if fine or all(len(set(incumbent.group_device[g].tolist())) == 1 for g in units):
         ml.set_start(model, data, start)
+    # The time left is measured after the build: Pyomo takes seconds on big graphs.
+    options = _options(problem, deadline, share,
+                       incumbent.value / data.scale if fine else None)
+    if options is None:
+        return -math.inf, "time_limit"
     result = run_checked(backend, model, options, incumbent)
     if result.has_solution:
         group_device = ml.unit_devices(model)[unit_of_group]
