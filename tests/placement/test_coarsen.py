@@ -3,8 +3,6 @@ coarse plan expands to a fine plan at least as fast."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,7 +15,6 @@ from placement.milp.makespan import coarse_task_graph
 from placement.simulate import evaluate_order, list_schedule
 from tests.placement.milp_cases import problem, random_dag
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "peer-graphs"
 
 
 def chain(n: int) -> OpGraph:
@@ -93,10 +90,9 @@ def test_refined_clusters_respect_the_work_cap(seed, num_ops, cap):
         assert len(c) == 1 or tg.group_work_s[c].sum() <= cap
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/peer-graphs is absent")
 @pytest.mark.parametrize("name", ["gnmt_training", "inceptionv3_training"])
-def test_peer_graphs_coarsen_to_a_dag_that_keeps_all_work(name):
-    p = problem(load_graph(SHARED / f"{name}.json"), 6, "makespan")
+def test_peer_graphs_coarsen_to_a_dag_that_keeps_all_work(name, peer_graphs):
+    p = problem(load_graph(peer_graphs / f"{name}.json"), 6, "makespan")
     tg = p.tg
     for clusters in (chain_clusters(tg, tg.duration_s.sum() / 24), interval_clusters(tg, 40)):
         ctg, members = coarse_task_graph(tg, clusters)

@@ -22,7 +22,6 @@ from tests.placement.milp_cases import (
     random_dag,
 )
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "peer-graphs"
 SOLVER_NAMES = ("glpk", "cbc", "highs")
 
 
@@ -141,13 +140,12 @@ def test_time_limit_returns_the_best_plan_so_far_marked_with_its_gap(objective):
 
 
 @pytest.mark.solver
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/peer-graphs is absent")
 @pytest.mark.parametrize("solver", [pytest.param(s, marks=needs[s]) for s in SOLVER_NAMES])
-def test_never_worse_than_the_heuristic_on_a_peer_graph(solver):
+def test_never_worse_than_the_heuristic_on_a_peer_graph(solver, peer_graphs):
     from placement.planner import PlanConfig, make_problem
     from tests.placement.milp_cases import CLUSTER
 
-    graph = load_graph(SHARED / "bert24_training.json")
+    graph = load_graph(peer_graphs / "bert24_training.json")
     for objective in ("max-load", "makespan"):
         p = make_problem(graph, CLUSTER, PlanConfig(num_devices=6, objective=objective,
                                                     time_limit_s=3.0))
