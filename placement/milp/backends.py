@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -151,9 +152,18 @@ def _run_shell(name: str, model: pyo.ConcreteModel, options: SolveOptions) -> So
         solver.options["tmlim"] = max(1, math.floor(0.9 * options.time_limit_s))
         solver.options["mipgap"] = options.gap
         kwargs = {}
+    # A hard stop past the solver's own limit: CBC has spent minutes in a MIP start or
+    # root LP on big models without looking at its clock.
+    grace = max(5.0, 0.25 * options.time_limit_s)
     started = time.perf_counter()
     try:
-        res = solver.solve(model, load_solutions=False, **kwargs)
+        res = solver.solve(model, load_solutions=False,
+                           timelimit=options.time_limit_s + grace, **kwargs)
+    except subprocess.TimeoutExpired:
+        return SolveResult(solver=name, status="error", has_solution=False,
+                           lower_bound=-math.inf, seconds=time.perf_counter() - started,
+                           message=f"{name} ran {grace:.0f} s past its time limit and "
+                                   "was stopped")
     except ApplicationError as exc:
         # glpsol exits abnormally when its time limit strikes before it has written a
         # solution file (SOLVER_NOTES.md): there is no solution to load.
