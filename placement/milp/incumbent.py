@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,14 @@ class Incumbent:
                 group_device.copy(), value, source, order)
             return True
         return False
+
+
+def worth_a_round(problem: Problem, deadline: float) -> bool:
+    """Whether enough time is left to build a model and let a solver work on it: a
+    Pyomo build alone takes seconds on a big graph, so a sliver of time would only
+    overrun the limit."""
+    left = deadline - time.perf_counter()
+    return left >= max(1.0, 0.15 * problem.config.time_limit_s)
 
 
 def run_checked(backend: Backend, model: pyo.ConcreteModel, options: SolveOptions,

@@ -31,7 +31,13 @@ from placement import heuristics
 from placement.coarsen import chain_clusters, contract, interval_clusters
 from placement.graph import GraphError
 from placement.milp.backends import Backend, SolveOptions
-from placement.milp.incumbent import Incumbent, believable, placement_fits, run_checked
+from placement.milp.incumbent import (
+    Incumbent,
+    believable,
+    placement_fits,
+    run_checked,
+    worth_a_round,
+)
 from placement.milp.max_load import canonical_devices
 from placement.refine import local_search
 from placement.simulate import (
@@ -349,9 +355,11 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
         ctg, members = coarse_task_graph(tg, clusters)
         unit_of_group = np.arange(len(clusters))
     share = FINE_SHARE if clusters is None else COARSE_SHARE
-    bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
-                                    unit_of_group, clusters, label,
-                                    time.perf_counter() + share * (deadline - time.perf_counter()))
+    bound, status = -math.inf, "time_limit"
+    if worth_a_round(problem, deadline):
+        round_deadline = time.perf_counter() + share * (deadline - time.perf_counter())
+        bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
+                                        unit_of_group, clusters, label, round_deadline)
     if status != "optimal":
         refine(1.0)
     return bound, status

@@ -18,7 +18,13 @@ from placement.heuristics import group_sequence
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
-from placement.milp.incumbent import Incumbent, believable, placement_fits, run_checked
+from placement.milp.incumbent import (
+    Incumbent,
+    believable,
+    placement_fits,
+    run_checked,
+    worth_a_round,
+)
 from placement.plan import Plan
 from placement.planner import Problem, best_heuristic, finish_plan
 from placement.refine import local_search
@@ -114,7 +120,7 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     fine = all(len(u) == 1 for u in units)
     data = ml.max_load_data(tg, units, problem.num_devices, problem.group_memory,
                             problem.memory_cap)
-    if deadline - time.perf_counter() < 1.0:
+    if not worth_a_round(problem, deadline):
         return -math.inf, "time_limit"
     model = ml.build_max_load(data)
     unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
