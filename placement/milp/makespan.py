@@ -38,7 +38,7 @@ from placement.milp.incumbent import (
     run_checked,
     worth_a_round,
 )
-from placement.milp.max_load import canonical_devices
+from placement.milp.max_load import canonical_devices, unit_devices
 from placement.refine import local_search
 from placement.simulate import (
     OrderError,
@@ -268,11 +268,15 @@ def set_start(m: pyo.ConcreteModel, data: MakespanData, unit_device: np.ndarray,
     m.C.value = max(float((start + tg.duration_s).max()), data.lower_bound) / data.scale
 
 
-def solution(m: pyo.ConcreteModel, data: MakespanData) -> tuple[np.ndarray, np.ndarray]:
-    unit_device = np.array([max(m.D, key=lambda d: pyo.value(m.x[u, d])) for u in m.U],
-                           dtype=np.int64)
-    start = np.array([pyo.value(m.S[t]) for t in m.T]) * data.scale
-    return unit_device, start
+def solution(m: pyo.ConcreteModel,
+             data: MakespanData) -> tuple[np.ndarray, np.ndarray] | None:
+    """Placement and start times from the model; None when the solver left any of
+    them without a value (a partial solution file)."""
+    unit_device = unit_devices(m)
+    start = [m.S[t].value for t in m.T]
+    if unit_device is None or None in start or m.C.value is None:
+        return None
+    return unit_device, np.array(start, dtype=float) * data.scale
 
 
 # ---- the solve loop -------------------------------------------------------------------
@@ -422,9 +426,13 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                            threads=problem.config.threads,
                            cutoff=incumbent.value / data.scale if fine else None)
     result = run_checked(backend, model, options, incumbent)
-    if result.has_solution:
-        unit_device, start = solution(model, data)
-        claimed = float(pyo.value(model.C)) * data.scale
+    found = solution(model, data) if result.has_solution else None
+    if result.has_solution and found is None:
+        incumbent.notes.append(f"warning: {backend.name} returned a partial solution; "
+                               "ignored it")
+    if found is not None:
+        unit_device, start = found
+        claimed = model.C.value * data.scale
         group_device = (unit_device if fine else _expand_groups(unit_device, clusters,
                                                                  tg.num_groups))
         if not placement_fits(problem, group_device, incumbent, backend):

@@ -173,6 +173,9 @@ def set_start(m: pyo.ConcreteModel, data: MaxLoadData, unit_device: np.ndarray) 
     m.L.value = max(float(loads.max()), data.lower_bound) / data.scale
 
 
-def unit_devices(m: pyo.ConcreteModel) -> np.ndarray:
-    return np.array([max(m.D, key=lambda d: pyo.value(m.x[u, d])) for u in m.U],
-                    dtype=np.int64)
+def unit_devices(m: pyo.ConcreteModel) -> np.ndarray | None:
+    """Each unit's device from the x values; None when a solver left any x unset."""
+    values = [[m.x[u, d].value for d in m.D] for u in m.U]
+    if any(v is None for row in values for v in row):
+        return None
+    return np.array([int(np.argmax(row)) for row in values], dtype=np.int64)

@@ -11,7 +11,6 @@ import math
 import time
 from collections.abc import Mapping
 import numpy as np
-import pyomo.environ as pyo
 
 from placement.coarsen import chain_clusters
 from placement.heuristics import group_sequence
@@ -135,11 +134,16 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     if options is None:
         return -math.inf, "time_limit"
     result = run_checked(backend, model, options, incumbent)
-    if result.has_solution:
-        group_device = ml.unit_devices(model)[unit_of_group]
+    unit_device = (ml.unit_devices(model)
+                   if result.has_solution and model.L.value is not None else None)
+    if result.has_solution and unit_device is None:
+        incumbent.notes.append(f"warning: {backend.name} returned a partial solution; "
+                               "ignored it")
+    if unit_device is not None:
+        group_device = unit_device[unit_of_group]
         if placement_fits(problem, group_device, incumbent, backend):
             value = float(device_loads(tg, group_device, problem.num_devices).max())
-            if believable(float(pyo.value(model.L)) * data.scale, value, incumbent, backend):
+            if believable(model.L.value * data.scale, value, incumbent, backend):
                 incumbent.offer(group_device, value, source)
     bound = result.lower_bound * data.scale if fine else -math.inf
     if result.status == "optimal" and fine:

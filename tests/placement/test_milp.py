@@ -179,3 +179,17 @@ def test_the_cli_plans_with_a_milp_solver(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["solver"] == "highs" and out["status"] == "optimal"
     assert out["value"] == pytest.approx(out["lower_bound"])
+
+
+@pytest.mark.parametrize("objective", ["max-load", "makespan"])
+def test_a_partial_solution_is_ignored_with_a_warning(objective):
+    def partial(model, options):
+        for var in model.x.values():
+            var.value = None
+        return SolveResult(solver="fake", status="time_limit", has_solution=True,
+                           lower_bound=0.0, seconds=0.0)
+
+    p = problem(random_dag(6, 7), 2, objective)
+    plan = solve_plan(p, "fake", _fake(partial))
+    assert plan.value <= best_heuristic(p)[2] + 1e-12
+    assert any("partial solution" in n for n in plan.notes)
