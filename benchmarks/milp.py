@@ -19,7 +19,12 @@ from placement.graph import Edge, Op, OpGraph
 from placement.io import load_graph
 from placement.milp.backends import BACKENDS
 from placement.milp.solve import solve_plan
-from placement.planner import PlanConfig, make_problem, solve_heuristic
+from placement.planner import (
+    InfeasiblePlacementError,
+    PlanConfig,
+    make_problem,
+    solve_heuristic,
+)
 from placement.simulate import list_schedule
 from tests.placement.milp_cases import (
     CLUSTER,
@@ -88,8 +93,13 @@ def step_time(solvers, time_limit: float, device_counts, graphs) -> None:
     for name in graphs:
         graph = load_graph(PEER / f"{name}.json")
         for k in device_counts:
-            p = make_problem(graph, CLUSTER, PlanConfig(
-                num_devices=k, objective="makespan", time_limit_s=time_limit, gap=0.01))
+            try:
+                p = make_problem(graph, CLUSTER, PlanConfig(
+                    num_devices=k, objective="makespan", time_limit_s=time_limit,
+                    gap=0.01))
+            except InfeasiblePlacementError as err:
+                print(f"| {name} | {k} | - | - | infeasible: {err} | | | | |", flush=True)
+                continue
             from placement.heuristics import heft
             heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
                                        k).step_time_s
