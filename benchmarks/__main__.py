@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime")
+AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp")
 
 
 def main(argv: list[str]) -> int:

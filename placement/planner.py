@@ -211,3 +211,17 @@ def solve_heuristic(problem: Problem) -> Plan:
 
 
 SOLVERS["heuristic"] = solve_heuristic
+
+
+def _milp_solver(name: str) -> Solver:
+    def solve(problem: Problem) -> Plan:
+        # Imported on use: Pyomo is slow to import, and placement.milp builds on this
+        # module (Problem, finish_plan), so the import must not run at load time.
+        from placement.milp.solve import solve_plan
+
+        return solve_plan(problem, name)
+    return solve
+
+
+for _name in ("glpk", "cbc", "highs", "auto"):
+    SOLVERS[_name] = _milp_solver(_name)

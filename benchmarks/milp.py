@@ -1,0 +1,185 @@
+"""Placement MILP benchmarks (issue 3): exactness, peer graphs, step time, scaling.
+
+    python -m benchmarks.milp [--exact] [--peer] [--step] [--scaling]
+        [--solvers highs,cbc,glpk] [--time-limit 60] [--graphs N] [--devices 2,4,8]
+
+No flag runs all four tables (long: about an hour on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from placement.graph import Edge, Op, OpGraph
+from placement.io import load_graph
+from placement.milp.backends import BACKENDS
+from placement.milp.solve import solve_plan
+from placement.planner import (
+    InfeasiblePlacementError,
+    PlanConfig,
+    make_problem,
+    solve_heuristic,
+)
+from placement.simulate import list_schedule
+from tests.placement.milp_cases import (
+    CLUSTER,
+    brute_max_load,
+    brute_step_time,
+    problem,
+    random_dag,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER = ROOT.parent / "shared" / "peer-graphs"
+TRAINING = ("bert24_training", "gnmt_training", "resnet50_training", "inceptionv3_training")
+#: Max-load optimum over contiguous splits from ../shared/peer-graphs/README.md.
+PEER_REFERENCE = {"bert24_training": 41.7458125, "gnmt_training": 107.0044140625,
+                  "resnet50_training": 78.63181250000001, "inceptionv3_training": None}
+
+
+def exactness(solvers, num_graphs: int) -> None:
+    print(f"\n(1) exactness on {num_graphs} random DAGs (5-7 ops, 2-3 devices)")
+    print("| solver | objective | optimal | worst rel. error | median s |")
+    print("|---|---|---|---|---|")
+    cases = [(seed, 5 + seed % 3, 2 + seed % 2) for seed in range(num_graphs)]
+    refs = {}
+    for objective, brute in (("max-load", brute_max_load), ("makespan", brute_step_time)):
+        for seed, n, k in cases:
+            p = problem(random_dag(seed + (0 if objective == "max-load" else 10), n,
+                                   colocate=seed % 5 == 1), k, objective)
+            refs[objective, seed] = (p, brute(p.tg, k))
+    for solver in solvers:
+        for objective in ("max-load", "makespan"):
+            hits, worst, seconds = 0, 0.0, []
+            for seed, _, _ in cases:
+                p, ref = refs[objective, seed]
+                plan = solve_plan(p, solver)
+                err = abs(plan.value - ref) / ref
+                hits += err <= 1e-9
+                worst = max(worst, err)
+                seconds.append(plan.solve_seconds)
+            print(f"| {solver} | {objective} | {hits}/{len(cases)} | {worst:.1e} | "
+                  f"{statistics.median(seconds):.2f} |", flush=True)
+
+
+def peer_max_load(solvers, time_limit: float, graphs) -> None:
+    print(f"\n(2) max-load on the peer training graphs, 6 devices, {time_limit:g} s limit")
+    print("| graph | peer optimum | heuristic | solver | value | bound | gap | s | value/peer |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in graphs:
+        graph = load_graph(PEER / f"{name}.json")
+        k = int(graph.metadata.get("num_devices", 6))
+        for solver in solvers:
+            p = make_problem(graph, CLUSTER, PlanConfig(
+                num_devices=k, objective="max-load", time_limit_s=time_limit, gap=1e-4))
+            heuristic = solve_heuristic(p).value
+            plan = solve_plan(p, solver)
+            ref = PEER_REFERENCE[name]
+            ratio = f"{plan.value / ref:.4f}" if ref else "-"
+            print(f"| {name} | {ref or 'none'} | {heuristic:.3f} | {solver} | "
+                  f"{plan.value:.3f} | {plan.lower_bound:.3f} | {plan.gap:.2%} | "
+                  f"{plan.solve_seconds:.0f} | {ratio} |", flush=True)
+
+
+def step_time(solvers, time_limit: float, device_counts, graphs) -> None:
+    print(f"\n(3) step time on the peer training graphs, {time_limit:g} s limit")
+    print("| graph | devices | HEFT | solver | value | bound | gap | s | value/HEFT |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in graphs:
+        graph = load_graph(PEER / f"{name}.json")
+        for k in device_counts:
+            try:
+                p = make_problem(graph, CLUSTER, PlanConfig(
+                    num_devices=k, objective="makespan", time_limit_s=time_limit,
+                    gap=0.01))
+            except InfeasiblePlacementError as err:
+                print(f"| {name} | {k} | - | - | infeasible: {err} | | | | |", flush=True)
+                continue
+            from placement.heuristics import heft
+            heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
+                                       k).step_time_s
+            for solver in solvers:
+                plan = solve_plan(p, solver)
+                print(f"| {name} | {k} | {heft_value:.3f} | {solver} | {plan.value:.3f} | "
+                      f"{plan.lower_bound:.3f} | {plan.gap:.2%} | {plan.solve_seconds:.0f} | "
+                      f"{plan.value / heft_value:.4f} |", flush=True)
+
+
+def layered_dag(seed: int, num_ops: int, width: int = 8) -> OpGraph:
+    """Layers of up to `width` ops; each op feeds 1-3 ops of the next layer."""
+    rng = np.random.default_rng(seed)
+    layers: list[list[int]] = []
+    i = 0
+    while i < num_ops:
+        w = int(min(rng.integers(1, width + 1), num_ops - i))
+        layers.append(list(range(i, i + w)))
+        i += w
+    ops = tuple(Op(id=j, name=f"op{j}", forward_s={"any": float(rng.uniform(1, 10))},
+                   backward_s={"any": float(rng.uniform(1, 20))}) for j in range(num_ops))
+    edges = set()
+    for a, b in zip(layers, layers[1:]):
+        for u in a:
+            for v in rng.choice(b, size=min(len(b), int(rng.integers(1, 4))), replace=False):
+                edges.add((u, int(v)))
+        for v in b:
+            if not any((u, v) in edges for u in a):
+                edges.add((int(rng.choice(a)), v))
+    return OpGraph(ops=ops, edges=tuple(Edge(src=u, dst=v, cost_s=float(rng.uniform(0, 4)))
+                                        for u, v in sorted(edges)),
+                   name=f"layered{num_ops}", time_unit="unit")
+
+
+def scaling(solvers, time_limit: float, sizes) -> None:
+    print(f"\n(4) solve time and gap vs graph size (layered random DAGs, 4 devices, "
+          f"{time_limit:g} s limit)")
+    print("| ops | tasks | objective | solver | heuristic | value | bound | gap | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in sizes:
+        graph = layered_dag(n, n)
+        for objective in ("max-load", "makespan"):
+            for solver in solvers:
+                p = make_problem(graph, CLUSTER, PlanConfig(
+                    num_devices=4, objective=objective, time_limit_s=time_limit, gap=0.01))
+                started = time.perf_counter()
+                heuristic = solve_heuristic(p).value
+                plan = solve_plan(p, solver)
+                print(f"| {n} | {p.tg.num_tasks} | {objective} | {solver} | {heuristic:.1f} | "
+                      f"{plan.value:.1f} | {plan.lower_bound:.1f} | {plan.gap:.2%} | "
+                      f"{time.perf_counter() - started:.0f} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.milp", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--exact", action="store_true")
+    ap.add_argument("--peer", action="store_true")
+    ap.add_argument("--step", action="store_true")
+    ap.add_argument("--scaling", action="store_true")
+    ap.add_argument("--solvers", default="highs,cbc,glpk")
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--graphs", type=int, default=30, help="random DAGs for --exact")
+    ap.add_argument("--devices", default="2,4,8", help="device counts for --step")
+    ap.add_argument("--sizes", default="50,100,200,500,1000,2000")
+    ap.add_argument("--only", default="", help="peer graphs whose name contains this")
+    args = ap.parse_args(argv)
+    solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
+    graphs = [g for g in TRAINING if args.only in g]
+    everything = not (args.exact or args.peer or args.step or args.scaling)
+    if args.exact or everything:
+        exactness(solvers, args.graphs)
+    if (args.peer or everything) and PEER.is_dir():
+        peer_max_load(solvers, args.time_limit, graphs)
+    if (args.step or everything) and PEER.is_dir():
+        step_time(solvers, args.time_limit, [int(x) for x in args.devices.split(",")],
+                  graphs)
+    if args.scaling or everything:
+        scaling(solvers, args.time_limit, [int(x) for x in args.sizes.split(",")])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,479 @@
+"""The step-time (makespan) MILP, DLPlacer's objective, and its solve loop.
+
+Model (Pal et al. 2019, sec. 3, with the strengthening below), over tasks t of one
+training step and placement units u (clusters of groups):
+  x[u,d]   unit u on device d (binary), devices numbered by their first unit;
+  S[t]     start time, within its window [head_t, UB - tail_t] where head/tail are the
+           longest task chains before/after t and UB the incumbent's step time;
+  z[e]     edge e crosses devices (>= x[u,d] - x[v,d]), delaying its head by c_e;
+  y[i,j]   i runs before j, only for pairs that are unordered by the graph and whose
+           windows overlap (other pairs are ordered already: this, and each pair's own
+           big-M from the windows, is what keeps the model small and tight);
+  same[u,v] units u and v share a device (>= x[u,d] + x[v,d] - 1).
+Valid inequalities: C >= each device's busy time, C >= the lower bound.
+
+Large graphs are solved on a coarse task graph (chain clusters, each cluster's tasks
+of one phase and micro-batch run back to back), then expanded and refined with local
+search under the exact list-schedule simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyomo.environ as pyo
+
+from placement import heuristics
+from placement.coarsen import chain_clusters, contract, interval_clusters
+from placement.graph import GraphError
+from placement.milp.backends import Backend, SolveOptions
+from placement.milp.incumbent import (
+    Incumbent,
+    believable,
+    placement_fits,
+    run_checked,
+    worth_a_round,
+)
+from placement.milp.max_load import canonical_devices, unit_devices
+from placement.refine import local_search
+from placement.simulate import (
+    OrderError,
+    busy_time,
+    evaluate_order,
+    list_schedule,
+    order_by_start,
+)
+from placement.planner import Problem
+from placement.tasks import Task, TaskGraph
+
+#: Most unordered task pairs with overlapping windows a model may carry; beyond it the
+#: graph is coarsened further (each pair is one binary and two big-M rows).
+MAX_PAIRS = 5000
+#: Shares of the time left that a fine or a coarse MILP round may use; local search
+#: on the fine graph gets the rest, and REFINE_SHARE before the round.
+FINE_SHARE = 0.85
+COARSE_SHARE = 0.6
+REFINE_SHARE = 0.2
+
+
+@dataclass(frozen=True, kw_only=True)
+class MakespanData:
+    tg: TaskGraph
+    num_devices: int
+    unit_of_task: np.ndarray
+    num_units: int
+    unit_memory: np.ndarray
+    memory_cap: float
+    upper_bound: float
+    lower_bound: float
+    head: np.ndarray
+    tail: np.ndarray
+    pairs: tuple[tuple[int, int], ...]
+    scale: float
+    """Model time unit in the graph's unit: the model sees times / scale, about 1000
+    for the horizon, so that solver tolerances (~1e-6 absolute) stay negligible."""
+
+
+def heads_tails(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
+    """head_t: longest chain of task times before t; tail_t: from t to the end, t's
+    own time included (transfers free, since a placement may avoid them)."""
+    head = np.zeros(tg.num_tasks)
+    tail = np.zeros(tg.num_tasks)
+    order = tg.topological_order
+    for t in order:
+        head[t] = max((head[p] + tg.duration_s[p] for p, _ in tg.predecessors[t]), default=0.0)
+    for t in reversed(order):
+        tail[t] = tg.duration_s[t] + max((tail[s] for s, _ in tg.successors[t]), default=0.0)
+    return head, tail
+
+
+def makespan_data(tg: TaskGraph, unit_of_group: np.ndarray, num_devices: int,
+                  unit_memory: np.ndarray, memory_cap: float, upper_bound: float,
+                  lower_bound: float) -> MakespanData:
+    head, tail = heads_tails(tg)
+    return MakespanData(
+        tg=tg, num_devices=num_devices, unit_of_task=unit_of_group[tg.group],
+        num_units=int(unit_of_group.max()) + 1, unit_memory=unit_memory,
+        memory_cap=memory_cap, upper_bound=upper_bound, lower_bound=lower_bound,
+        head=head, tail=tail, pairs=order_pairs(tg, head, tail, upper_bound),
+        scale=max(upper_bound, 1e-300) / 1000)
+
+
+def order_pairs(tg: TaskGraph, head: np.ndarray, tail: np.ndarray,
+                upper_bound: float) -> tuple[tuple[int, int], ...]:
+    """Task pairs (i < j) that need an order decision: neither reaches the other and
+    their windows [head, UB - tail + p] overlap (else any schedule that finishes by UB
+    orders them already). Zero-length tasks count too: a device runs its tasks in a
+    sequence, so one cannot sit inside another's interval."""
+    latest_finish = upper_bound - tail + tg.duration_s
+    overlap = ((latest_finish[:, None] >= head[None, :])
+               & (latest_finish[None, :] >= head[:, None]))
+    related = _reachability(tg)
+    need = np.triu(overlap & ~related & ~related.T, 1)
+    return tuple(zip(*(x.tolist() for x in np.nonzero(need))))
+
+
+def _reachability(tg: TaskGraph) -> np.ndarray:
+    """reach[i, j]: a path leads from task i to task j."""
+    reach = np.zeros((tg.num_tasks, tg.num_tasks), dtype=bool)
+    for t in reversed(tg.topological_order):
+        for s, _ in tg.successors[t]:
+            reach[t] |= reach[s]
+            reach[t, s] = True
+    return reach
+
+
+def build_makespan(data: MakespanData) -> pyo.ConcreteModel:
+    tg = data.tg
+    sc = data.scale
+    head, tail, dur = data.head / sc, data.tail / sc, tg.duration_s / sc
+    ub = data.upper_bound / sc
+    m = pyo.ConcreteModel(name="makespan")
+    m.T = pyo.Set(initialize=range(tg.num_tasks), doc="tasks")
+    m.U = pyo.Set(initialize=range(data.num_units), doc="placement units")
+    m.D = pyo.Set(initialize=range(data.num_devices), doc="devices")
+    crossing = [e for e in range(len(tg.edge_src)) if tg.edge_transfer_s[e] > 0
+                and data.unit_of_task[tg.edge_src[e]] != data.unit_of_task[tg.edge_dst[e]]]
+    m.E = pyo.Set(initialize=range(len(tg.edge_src)), doc="edges")
+    m.X = pyo.Set(initialize=crossing, doc="edges that may cross devices")
+    m.P = pyo.Set(dimen=2, initialize=data.pairs, doc="unordered overlapping task pairs")
+    unit_pairs = sorted({tuple(sorted((int(data.unit_of_task[i]), int(data.unit_of_task[j]))))
+                         for i, j in data.pairs
+                         if data.unit_of_task[i] != data.unit_of_task[j]})
+    m.UP = pyo.Set(dimen=2, initialize=unit_pairs, doc="unit pairs that may share a device")
+    m.p = pyo.Param(m.T, initialize=dict(enumerate(dur.tolist())))
+    m.head = pyo.Param(m.T, initialize=dict(enumerate(head.tolist())))
+    m.tail = pyo.Param(m.T, initialize=dict(enumerate(tail.tolist())))
+    m.c = pyo.Param(m.E, initialize=dict(enumerate((tg.edge_transfer_s / sc).tolist())))
+    m.unit = pyo.Param(m.T, initialize=dict(enumerate(data.unit_of_task.tolist())))
+    m.memory = pyo.Param(m.U, initialize=dict(enumerate(data.unit_memory.tolist())))
+    m.memory_cap = pyo.Param(initialize=data.memory_cap, mutable=True)
+    m.UB = pyo.Param(initialize=ub, mutable=True)
+
+    m.x = pyo.Var(m.U, m.D, within=pyo.Binary)
+    m.prefix = pyo.Var(m.U, m.D, bounds=(0, None))
+    m.S = pyo.Var(m.T, bounds=lambda m, t: (head[t], max(head[t], ub - tail[t])))
+    m.z = pyo.Var(m.X, bounds=(0, 1))
+    m.y = pyo.Var(m.P, within=pyo.Binary)
+    m.same = pyo.Var(m.UP, bounds=(0, 1))
+    m.C = pyo.Var(bounds=(data.lower_bound / sc, None))
+
+    # sum_d x[u,d] = 1
+    def assign_rule(m, u):
+        return sum(m.x[u, d] for d in m.D) == 1
+    m.assign = pyo.Constraint(m.U, rule=assign_rule)
+
+    # z[e] >= x[unit(src),d] - x[unit(dst),d]
+    def cross_rule(m, e, d):
+        return m.z[e] >= m.x[m.unit[tg.edge_src[e]], d] - m.x[m.unit[tg.edge_dst[e]], d]
+    m.cross = pyo.Constraint(m.X, m.D, rule=cross_rule)
+
+    # S[v] >= S[u] + p[u] + c[e] z[e] for e = u->v
+    def precedence_rule(m, e):
+        u, v = int(tg.edge_src[e]), int(tg.edge_dst[e])
+        delay = m.c[e] * m.z[e] if e in m.X else 0
+        return m.S[v] >= m.S[u] + m.p[u] + delay
+    m.precedence = pyo.Constraint(m.E, rule=precedence_rule)
+
+    # same[u,v] >= x[u,d] + x[v,d] - 1
+    def same_rule(m, u, v, d):
+        return m.same[u, v] >= m.x[u, d] + m.x[v, d] - 1
+    m.same_def = pyo.Constraint(m.UP, m.D, rule=same_rule)
+
+    def big_m(i, j):
+        # The most S[i] + p[i] - S[j] can be, from the windows: a per-pair big-M.
+        return max(0.0, ub - tail[i] + dur[i] - head[j])
+
+    def apart(m, i, j):
+        ui, uj = m.unit[i], m.unit[j]
+        return 0 if ui == uj else 1 - m.same[min(ui, uj), max(ui, uj)]
+
+    # S[j] >= S[i] + p[i] - M_ij (1 - y[i,j]) - M_ij (1 - same)
+    def before_rule(m, i, j):
+        mij = big_m(i, j)
+        return m.S[j] >= m.S[i] + m.p[i] - mij * (1 - m.y[i, j]) - mij * apart(m, i, j)
+    m.before = pyo.Constraint(m.P, rule=before_rule)
+
+    # S[i] >= S[j] + p[j] - M_ji y[i,j] - M_ji (1 - same)
+    def after_rule(m, i, j):
+        mji = big_m(j, i)
+        return m.S[i] >= m.S[j] + m.p[j] - mji * m.y[i, j] - mji * apart(m, i, j)
+    m.after = pyo.Constraint(m.P, rule=after_rule)
+
+    # C >= S[t] + p[t] for tasks without successors
+    def finish_rule(m, t):
+        if tg.successors[t]:
+            return pyo.Constraint.Skip
+        return m.C >= m.S[t] + m.p[t]
+    m.finish = pyo.Constraint(m.T, rule=finish_rule)
+
+    # Valid inequality: C >= sum_t p[t] x[unit(t),d] (a device's busy time)
+    unit_work = np.bincount(data.unit_of_task, weights=dur, minlength=data.num_units)
+
+    def busy_rule(m, d):
+        return m.C >= sum(float(unit_work[u]) * m.x[u, d] for u in m.U)
+    m.busy = pyo.Constraint(m.D, rule=busy_rule)
+
+    # sum_u memory_u x[u,d] <= memory_cap
+    def memory_rule(m, d):
+        return sum(m.memory[u] * m.x[u, d] for u in m.U) <= m.memory_cap
+    m.memory_fit = pyo.Constraint(m.D, rule=memory_rule)
+
+    # prefix[u,d] = prefix[u-1,d] + x[u,d]
+    def prefix_rule(m, u, d):
+        return m.prefix[u, d] == (m.prefix[u - 1, d] if u else 0) + m.x[u, d]
+    m.prefix_def = pyo.Constraint(m.U, m.D, rule=prefix_rule)
+
+    # Identical devices, numbered by their first unit: x[u,d] <= prefix[u-1,d-1]
+    def symmetry_rule(m, u, d):
+        if d == 0:
+            return pyo.Constraint.Skip
+        if u == 0:
+            return m.x[u, d] == 0
+        return m.x[u, d] <= m.prefix[u - 1, d - 1]
+    m.symmetry = pyo.Constraint(m.U, m.D, rule=symmetry_rule)
+
+    m.objective = pyo.Objective(expr=m.C, sense=pyo.minimize)
+    return m
+
+
+def set_start(m: pyo.ConcreteModel, data: MakespanData, unit_device: np.ndarray,
+              start: np.ndarray) -> None:
+    """Load a placement and its schedule's start times as a warm start."""
+    unit_device = canonical_devices(unit_device)
+    tg = data.tg
+    onehot = np.zeros((data.num_units, data.num_devices))
+    onehot[np.arange(data.num_units), unit_device] = 1
+    prefix = np.cumsum(onehot, axis=0)
+    for u in m.U:
+        for d in m.D:
+            m.x[u, d].value = onehot[u, d]
+            m.prefix[u, d].value = prefix[u, d]
+    dev = unit_device[data.unit_of_task]
+    for t in m.T:
+        # Clip to the window: the start times come from a float schedule whose last
+        # bits may differ from the window's own arithmetic.
+        lb, ub = m.S[t].bounds
+        m.S[t].value = min(max(float(start[t]) / data.scale, lb), ub)
+    for e in m.X:
+        m.z[e].value = float(dev[tg.edge_src[e]] != dev[tg.edge_dst[e]])
+    for u, v in m.UP:
+        m.same[u, v].value = float(unit_device[u] == unit_device[v])
+    for i, j in m.P:
+        m.y[i, j].value = float(start[i] < start[j] or (start[i] == start[j] and i < j))
+    m.C.value = max(float((start + tg.duration_s).max()), data.lower_bound) / data.scale
+
+
+def solution(m: pyo.ConcreteModel,
+             data: MakespanData) -> tuple[np.ndarray, np.ndarray] | None:
+    """Placement and start times from the model; None when the solver left any of
+    them without a value (a partial solution file)."""
+    unit_device = unit_devices(m)
+    start = [m.S[t].value for t in m.T]
+    if unit_device is None or None in start or m.C.value is None:
+        return None
+    return unit_device, np.array(start, dtype=float) * data.scale
+
+
+# ---- the solve loop -------------------------------------------------------------------
+
+def coarse_task_graph(tg: TaskGraph, clusters: Sequence[Sequence[int]]
+                      ) -> tuple[TaskGraph, list[list[int]]]:
+    """Contract each cluster's tasks of one phase and micro-batch into one coarse task
+    (its members run back to back); returns the coarse graph and each coarse task's
+    fine tasks in topological order. Raises GraphError when that closes a cycle."""
+    coarse = contract(tg, clusters)
+    coarse_of_op = {f: c for c, fs in coarse.members.items() for f in fs}
+    cluster_of_op = {op: c for c, groups in enumerate(clusters)
+                     for g in groups for op in tg.group_ops[g]}
+    position = np.empty(tg.num_tasks, dtype=np.int64)
+    position[list(tg.topological_order)] = np.arange(tg.num_tasks)
+    index: dict[Task, int] = {}
+    members: list[list[int]] = []
+    for t in sorted(range(tg.num_tasks), key=position.__getitem__):
+        task = tg.tasks[t]
+        key = Task(coarse_of_op[task.op_id], task.backward, task.micro_batch)
+        if key not in index:
+            index[key] = len(members)
+            members.append([])
+        members[index[key]].append(t)
+    tasks = sorted(index, key=index.__getitem__)
+    coarse_of_task = np.empty(tg.num_tasks, dtype=np.int64)
+    for c, ts in enumerate(members):
+        coarse_of_task[ts] = c
+    edge_cost: dict[tuple[int, int], float] = {}
+    for s, d, cost in zip(coarse_of_task[tg.edge_src].tolist(),
+                          coarse_of_task[tg.edge_dst].tolist(), tg.edge_transfer_s.tolist()):
+        if s != d:
+            edge_cost[(s, d)] = max(edge_cost.get((s, d), 0.0), cost)
+    src = np.array([k[0] for k in edge_cost], dtype=np.int64)
+    dst = np.array([k[1] for k in edge_cost], dtype=np.int64)
+    cost = np.array(list(edge_cost.values()), dtype=np.float64)
+    send = np.zeros(len(tasks))
+    if len(src):
+        np.maximum.at(send, src, cost)
+    group_ops = tuple(tuple(sorted({coarse_of_op[op] for g in groups
+                                    for op in tg.group_ops[g]})) for groups in clusters)
+    group = np.array([cluster_of_op[coarse.members[t.op_id][0]] for t in tasks],
+                     dtype=np.int64)
+    coarse_tg = TaskGraph(
+        graph=coarse.graph, tasks=tuple(tasks),
+        duration_s=np.array([tg.duration_s[ts].sum() for ts in members]),
+        group=group, group_ops=group_ops, edge_src=src, edge_dst=dst,
+        edge_transfer_s=cost, send_s=send, num_micro_batches=tg.num_micro_batches)
+    coarse_tg.topological_order  # noqa: B018 - asserts the contraction stayed acyclic
+    return coarse_tg, members
+
+
+def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
+                   deadline: float) -> tuple[float, str]:
+    """Improve `incumbent` (a heuristic plan) by coarse MILP, expansion and local search;
+    returns (proven bound, status)."""
+    tg, k = problem.tg, problem.num_devices
+
+    def score(gd: np.ndarray) -> tuple[float, np.ndarray]:
+        schedule = list_schedule(tg, gd, k)
+        last = np.zeros(k)
+        np.maximum.at(last, schedule.device, schedule.finish_s)
+        return schedule.step_time_s, last + 1e-9 * busy_time(tg, gd, k)
+
+    def refine(share: float) -> None:
+        until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
+        gd, value = local_search(incumbent.group_device, score, num_devices=k,
+                                 group_memory=problem.group_memory,
+                                 memory_cap=problem.memory_cap, deadline=until)
+        incumbent.offer(gd, value, f"{incumbent.source} + local search")
+
+    # Local search first hands the MILP a better incumbent (tighter windows), but
+    # must leave it time.
+    refine(REFINE_SHARE)
+    clusters, label = _level(tg, k, problem, incumbent)
+    if clusters is None:
+        ctg, members = tg, [[t] for t in range(tg.num_tasks)]
+        unit_of_group = np.arange(tg.num_groups)
+    else:
+        ctg, members = coarse_task_graph(tg, clusters)
+        unit_of_group = np.arange(len(clusters))
+    share = FINE_SHARE if clusters is None else COARSE_SHARE
+    bound, status = -math.inf, "time_limit"
+    if worth_a_round(problem, deadline):
+        round_deadline = time.perf_counter() + share * (deadline - time.perf_counter())
+        bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
+                                        unit_of_group, clusters, label, round_deadline)
+    if status != "optimal":
+        refine(1.0)
+    return bound, status
+
+
+def _level(tg: TaskGraph, k: int, problem: Problem,
+           incumbent: Incumbent) -> tuple[list[list[int]] | None, str]:
+    """What to solve: the fine graph (None) when its model has at most MAX_PAIRS order
+    decisions, else the finest clustering (chains, then ever fewer intervals) whose
+    coarse model does; the coarsest when none does."""
+    def pairs(ctg: TaskGraph) -> int:
+        head, tail = heads_tails(ctg)
+        return len(order_pairs(ctg, head, tail, incumbent.value))
+
+    if pairs(tg) <= MAX_PAIRS:
+        return None, "fine"
+    candidates = [chain_clusters(tg, float(tg.duration_s.sum()) / k / 4)]
+    candidates += [interval_clusters(tg, n) for n in (60, 40, 24, 12)]
+    for clusters in candidates:
+        try:
+            ctg, _ = coarse_task_graph(tg, clusters)
+        except GraphError:
+            continue
+        if pairs(ctg) <= MAX_PAIRS:
+            break
+    return clusters, f"{len(clusters)} clusters"
+
+
+def _cluster_memory(problem: Problem, clusters: list[list[int]]) -> np.ndarray:
+    return np.array([problem.group_memory[list(c)].sum() for c in clusters])
+
+
+def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
+                    ctg: TaskGraph, members: list[list[int]], unit_of_group: np.ndarray,
+                    clusters: list[list[int]] | None, label: str,
+                    deadline: float) -> tuple[float, str]:
+    tg, k = problem.tg, problem.num_devices
+    unit_memory = (problem.group_memory if clusters is None
+                   else _cluster_memory(problem, clusters))
+    fine = clusters is None
+    # Warm start: the incumbent itself on the fine graph; on the coarse one, the better
+    # of HEFT and the incumbent projected (each cluster where most of its work sits).
+    if fine:
+        starts = [incumbent.group_device]
+    else:
+        starts = [heuristics.heft(ctg, k, unit_memory, problem.memory_cap),
+                  _project(incumbent.group_device, clusters, tg, k)]
+    schedules = [(list_schedule(ctg, gd, k), gd) for gd in starts
+                 if np.bincount(gd, weights=unit_memory, minlength=k).max()
+                 <= problem.memory_cap]
+    schedule, start_device = min(schedules, key=lambda x: x[0].step_time_s)
+    # Only plans that beat the incumbent matter: its value bounds the time windows.
+    data = makespan_data(ctg, unit_of_group, k, unit_memory, problem.memory_cap,
+                         incumbent.value, problem.lower_bound())
+    model = build_makespan(data)
+    if schedule.step_time_s <= incumbent.value:
+        set_start(model, data, start_device, schedule.start_s)
+    left = deadline - time.perf_counter() - min(2.0, 0.05 * problem.config.time_limit_s)
+    options = SolveOptions(time_limit_s=max(left, 0.5), gap=problem.config.gap,
+                           threads=problem.config.threads,
+                           cutoff=incumbent.value / data.scale if fine else None)
+    result = run_checked(backend, model, options, incumbent)
+    found = solution(model, data) if result.has_solution else None
+    if result.has_solution and found is None:
+        incumbent.notes.append(f"warning: {backend.name} returned a partial solution; "
+                               "ignored it")
+    if found is not None:
+        unit_device, start = found
+        claimed = model.C.value * data.scale
+        group_device = (unit_device if fine else _expand_groups(unit_device, clusters,
+                                                                 tg.num_groups))
+        if not placement_fits(problem, group_device, incumbent, backend):
+            return (-math.inf, "time_limit")
+        order = _expand_order(ctg, members, unit_device[ctg.group], start, k)
+        try:
+            value = evaluate_order(tg, group_device, order).step_time_s
+        except OrderError:
+            # Start times within the solver's tolerance can put a task just before
+            # its zero-length predecessor; the placement stands, with a list schedule.
+            value, order = math.inf, None
+        if fine and order is not None and not believable(claimed, value, incumbent, backend):
+            return -math.inf, "time_limit"
+        if order is not None:
+            incumbent.offer(group_device, value, f"{backend.name} ({label})", order)
+        listed = list_schedule(tg, group_device, k).step_time_s
+        incumbent.offer(group_device, listed, f"{backend.name} ({label}) + list schedule")
+    bound = result.lower_bound * data.scale if fine else -math.inf
+    if fine and result.status == "optimal":
+        return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
+    return bound, "time_limit"
+
+
+def _project(group_device: np.ndarray, clusters: list[list[int]], tg: TaskGraph,
+             k: int) -> np.ndarray:
+    """Each cluster on the device that holds most of its work in `group_device`."""
+    return np.array([int(np.argmax(np.bincount(group_device[c], weights=tg.group_work_s[c],
+                                                minlength=k))) for c in clusters],
+                    dtype=np.int64)
+
+
+def _expand_groups(unit_device: np.ndarray, clusters, num_groups: int) -> np.ndarray:
+    group_device = np.empty(num_groups, dtype=np.int64)
+    for c, groups in enumerate(clusters):
+        group_device[list(groups)] = unit_device[c]
+    return group_device
+
+
+def _expand_order(ctg: TaskGraph, members, task_device: np.ndarray, start: np.ndarray,
+                  k: int) -> list[list[int]]:
+    """Per device, the coarse tasks by start time, each replaced by its fine tasks."""
+    finish = start + ctg.duration_s
+    coarse_order = order_by_start(ctg, task_device, start, finish, k)
+    return [[f for c in tasks for f in members[c]] for tasks in coarse_order]

@@ -1,0 +1,158 @@
+"""MILP placement, end to end: heuristic start, coarse solve, fine solve, checks.
+
+Every plan returned here has been re-evaluated by the simulator; a solver result the
+simulator disagrees with is dropped (with a note) and the best plan so far is kept, so
+the result is never worse than the heuristic it started from.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+import numpy as np
+
+from placement.coarsen import chain_clusters
+from placement.heuristics import group_sequence
+from placement.milp import makespan as mk
+from placement.milp import max_load as ml
+from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
+from placement.milp.incumbent import (
+    Incumbent,
+    believable,
+    placement_fits,
+    run_checked,
+    worth_a_round,
+)
+from placement.plan import Plan
+from placement.planner import Problem, best_heuristic, finish_plan
+from placement.refine import local_search
+from placement.simulate import device_loads
+
+#: Above this many groups the max-load MILP first runs on chain-merged clusters.
+MAX_LOAD_FINE_GROUPS = 120
+#: Share of the time limit the coarse max-load solve may use.
+COARSE_SHARE = 0.35
+#: Share of the time left that local search may take before a MILP round.
+REFINE_SHARE = 0.2
+
+
+def solve_plan(problem: Problem, solver: str,
+               backends: Mapping[str, Backend] = BACKENDS) -> Plan:
+    """The configured objective's MILP plan with `solver` ('glpk', 'cbc', 'highs' or
+    'auto', which takes the first installed one)."""
+    started = time.perf_counter()
+    backend = choose_backend(solver, backends)
+    deadline = started + problem.config.time_limit_s
+    name, group_device, value = best_heuristic(problem)
+    incumbent = Incumbent(group_device, value, f"heuristic:{name}")
+    if problem.config.objective == "max-load":
+        bound, status = _max_load(problem, backend, incumbent, deadline)
+    else:
+        bound, status = _makespan(problem, backend, incumbent, deadline)
+    bound = min(max(bound, problem.lower_bound()), incumbent.value)
+    if status != "optimal" and incumbent.value - bound <= problem.config.gap * incumbent.value:
+        status = "optimal"
+    notes = list(incumbent.notes)
+    if status == "time_limit":
+        gap = (incumbent.value - bound) / incumbent.value if incumbent.value > 0 else 0.0
+        notes.append(f"time limit {problem.config.time_limit_s:g} s reached: best plan "
+                     f"so far, within {gap:.2%} of the proven bound")
+    notes.append(f"plan from {incumbent.source}")
+    return finish_plan(problem, incumbent.group_device, solver=backend.name, status=status,
+                       lower_bound=bound, solve_seconds=time.perf_counter() - started,
+                       order=incumbent.order, notes=notes)
+
+
+def _options(problem: Problem, deadline: float, share: float = 1.0,
+             cutoff: float | None = None) -> SolveOptions | None:
+    # Keep a little time for checking, refining and packaging the solver's answer.
+    reserve = min(2.0, 0.05 * problem.config.time_limit_s)
+    left = (deadline - time.perf_counter()) * share - reserve
+    if left < 0.5:
+        return None
+    return SolveOptions(time_limit_s=left, gap=problem.config.gap,
+                        threads=problem.config.threads, cutoff=cutoff)
+
+
+# ---- max-load -------------------------------------------------------------------------
+
+def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
+              deadline: float) -> tuple[float, str]:
+    tg, k = problem.tg, problem.num_devices
+    seq = group_sequence(tg)
+
+    def score(gd: np.ndarray) -> tuple[float, np.ndarray]:
+        loads = device_loads(tg, gd, k)
+        return float(loads.max()), loads
+
+    def refine(source: str, share: float) -> None:
+        until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
+        gd, value = local_search(incumbent.group_device, score, num_devices=k,
+                                 group_memory=problem.group_memory,
+                                 memory_cap=problem.memory_cap, deadline=until)
+        incumbent.offer(gd, value, f"{source} + local search")
+
+    # Local search first gives the MILP a better incumbent, but must leave it time.
+    refine(incumbent.source, REFINE_SHARE)
+    if tg.num_groups > MAX_LOAD_FINE_GROUPS:
+        clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
+        _max_load_round(problem, backend, incumbent, clusters,
+                        deadline, COARSE_SHARE,
+                        f"{backend.name} on {len(clusters)} clusters")
+        refine(incumbent.source, REFINE_SHARE)
+    bound, status = _max_load_round(problem, backend, incumbent, [[g] for g in seq],
+                                    deadline, 1.0,
+                                    backend.name)
+    if status != "optimal":
+        refine(incumbent.source, 1.0)
+    return bound, status
+
+
+def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
+                    units: list[list[int]], deadline: float, share: float,
+                    source: str) -> tuple[float, str]:
+    """One MILP over `units`; its bound is a fine bound only when units are groups.
+    Only the fine model gets the incumbent as a cutoff (a coarse model may not reach
+    it, and its solution is still worth refining)."""
+    tg = problem.tg
+    fine = all(len(u) == 1 for u in units)
+    data = ml.max_load_data(tg, units, problem.num_devices, problem.group_memory,
+                            problem.memory_cap)
+    if not worth_a_round(problem, deadline):
+        return -math.inf, "time_limit"
+    model = ml.build_max_load(data)
+    unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
+    for i, groups in enumerate(units):
+        unit_of_group[groups] = i
+    start = incumbent.group_device[[groups[0] for groups in units]]
+    if fine or all(len(set(incumbent.group_device[g].tolist())) == 1 for g in units):
+        ml.set_start(model, data, start)
+    # The time left is measured after the build: Pyomo takes seconds on big graphs.
+    options = _options(problem, deadline, share,
+                       incumbent.value / data.scale if fine else None)
+    if options is None:
+        return -math.inf, "time_limit"
+    result = run_checked(backend, model, options, incumbent)
+    unit_device = (ml.unit_devices(model)
+                   if result.has_solution and model.L.value is not None else None)
+    if result.has_solution and unit_device is None:
+        incumbent.notes.append(f"warning: {backend.name} returned a partial solution; "
+                               "ignored it")
+    if unit_device is not None:
+        group_device = unit_device[unit_of_group]
+        if placement_fits(problem, group_device, incumbent, backend):
+            value = float(device_loads(tg, group_device, problem.num_devices).max())
+            if believable(model.L.value * data.scale, value, incumbent, backend):
+                incumbent.offer(group_device, value, source)
+    bound = result.lower_bound * data.scale if fine else -math.inf
+    if result.status == "optimal" and fine:
+        return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
+    return bound, "time_limit"
+
+
+# ---- makespan -------------------------------------------------------------------------
+
+def _makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
+              deadline: float) -> tuple[float, str]:
+    return mk.solve_makespan(problem, backend, incumbent, deadline)
