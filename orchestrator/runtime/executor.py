@@ -15,6 +15,7 @@ describes what runs here, and on a CPU host the devices' backwards run concurren
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -50,6 +51,20 @@ class _Failed(Exception):
     """Raised in waiting threads once another device's task has failed."""
 
 
+def _keep_freed_memory() -> None:
+    """Tell glibc malloc to keep freed memory instead of unmapping it: with several
+    device threads, each step's activations otherwise come back as fresh mmaps whose
+    page faults cost as much system time as the ops save (measured: ~2,800 faults and
+    10 ms of a 50 ms BigLSTM step). A no-op where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's largest mmap threshold
+    libc.mallopt(m_trim_threshold, 2**30)
+
+
 class PlanExecutor:
     """Executes steps of `partition.module` placed by `assignment` and `order`."""
 
@@ -78,6 +93,8 @@ class PlanExecutor:
         self.op_nodes = {op: [nodes[n] for n in names]
                          for op, names in partition.op_nodes.items()}
         self._check_plan(order)
+        if len(self.devices) > 1:
+            _keep_freed_memory()
         self.order = [[(int(o), phase == "backward", int(m)) for o, phase, m in tasks]
                       for tasks in order]
         self.output_node = next(n for n in self.gm.graph.nodes if n.op == "output")

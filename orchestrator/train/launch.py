@@ -21,6 +21,7 @@ from placement.cluster import preset
 from placement.errors import UserError
 from placement.plan import Plan
 from placement.planner import PlanConfig, plan
+from placement.scaling.step import scale_graph
 
 
 #: A custom resource for the sweep's trial drivers, which train nothing: clusters that
@@ -73,19 +74,28 @@ def check_fits(cfg: TrainConfig, nodes: list[NodeResources]) -> None:
 
 
 def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic") -> Plan:
-    """Profile one worker's share of the batch on this machine and place it on the
-    worker's devices (CPU threads here, so measured CPU costs are the right ones)."""
+    """Profile one micro-batch of a worker's share of the batch on this machine and
+    place the worker's ops on its devices (CPU threads here, so measured CPU costs are
+    the right ones).
+
+    Profiling at the micro-batch, not at the worker's batch divided by K, keeps what a
+    small batch costs per sample (fixed per-op overheads, less efficient kernels) in
+    the plan's prediction."""
+    from orchestrator.models import build
     from orchestrator.profile import profile_model
 
-    spec_batch = cfg.global_batch
-    graph = profile_model(cfg.model, preset=cfg.preset, target="cpu",
-                          batch=None if spec_batch is None else spec_batch // cfg.dp_degree)
+    k = cfg.num_micro_batches
+    global_batch = cfg.global_batch or build(cfg.model, cfg.preset, device="meta").batch
+    micro = profile_model(cfg.model, preset=cfg.preset, target="cpu",
+                          batch=max(1, global_batch // cfg.dp_degree // k))
+    # The planner splits each op's time over K micro-batch tasks; hand it K x the
+    # micro-batch's times so that each task costs what was measured.
+    graph = scale_graph(micro, compute_factor=k, data_factor=k)
     # On CPU hosts and fake-GPU clusters every device is a thread of this machine.
     cpu = preset("cpu")
     cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
                                                             cpu.devices_per_node))
-    return plan(graph, cluster, PlanConfig(num_devices=cfg.mp_degree,
-                                           num_micro_batches=cfg.num_micro_batches,
+    return plan(graph, cluster, PlanConfig(num_devices=cfg.mp_degree, num_micro_batches=k,
                                            solver=solver))
 
 
