@@ -72,11 +72,15 @@ class PlanExecutor:
                  order: Sequence[Sequence[tuple[int, str, int]]],
                  devices: Sequence[torch.device], *, num_micro_batches: int,
                  batched: Sequence[bool] | None = None,
-                 autocast_dtype: torch.dtype | None = None) -> None:
+                 autocast_dtype: torch.dtype | None = None,
+                 whole_module: torch.nn.Module | None = None) -> None:
         """`batched[i]`: whether batch input i has the samples along dim 0 (and is split
         into micro-batches); the others (e.g. BigLSTM's shared softmax samples) go whole
-        to every micro-batch. None: every input is batched."""
+        to every micro-batch. None: every input is batched. `whole_module`: what a
+        one-device plan runs per micro-batch instead of the traced module (e.g. the
+        traced module wrapped in DDP)."""
         self.gm = partition.module
+        self.whole_module = whole_module if whole_module is not None else self.gm
         self.devices = list(devices)
         self.num_micro_batches = num_micro_batches
         self.batched = None if batched is None else tuple(batched)
@@ -177,10 +181,14 @@ class PlanExecutor:
         autocast = (torch.autocast(device.type, dtype=self.autocast_dtype)
                     if self.autocast_dtype is not None else nullcontext())
         losses = []
-        for inputs in micro_batches:
-            with autocast:
-                loss = self.gm(*(_to(t, device) for t in inputs))
-            (loss / len(micro_batches)).backward()
+        no_sync = getattr(self.whole_module, "no_sync", None)
+        for i, inputs in enumerate(micro_batches):
+            # DDP allreduces in the last micro-batch's backward only.
+            last = i == len(micro_batches) - 1
+            with nullcontext() if last or no_sync is None else no_sync():
+                with autocast:
+                    loss = self.whole_module(*(_to(t, device) for t in inputs))
+                (loss / len(micro_batches)).backward()
             losses.append(float(loss.detach()))
         if on_device_done is not None:
             on_device_done(0)

@@ -38,6 +38,33 @@ def worker_devices(cfg: TrainConfig) -> list[torch.device]:
     return [torch.device("cpu")] * cfg.mp_degree
 
 
+class DDPSync:
+    """One device per worker: torch's DDP allreduces gradient buckets while the backward
+    still runs; its communication hook notes each bucket's local squared norm (before
+    averaging) for the noise scale."""
+
+    def __init__(self, module: torch.nn.Module):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=None)
+        self.local_sq = 0.0
+
+        def hook(state, bucket):
+            self.local_sq += float(bucket.buffer().pow(2).sum())
+            return default_hooks.allreduce_hook(None, bucket)
+
+        self.ddp.register_comm_hook(None, hook)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+
+    def launch(self, device: int) -> None:
+        """Nothing left to launch: DDP sent every bucket during the backward."""
+
+    def finish(self) -> tuple[float, float]:
+        local_sq, self.local_sq = self.local_sq, 0.0
+        global_sq = sum(float(_grad(p).pow(2).sum()) for p in self.params)
+        return local_sq, global_sq
+
+
 class GradientSync:
     """Averages gradients over the workers, one bucket per local device, each on its own
     process group (so devices finishing in different orders on different workers never
@@ -175,12 +202,17 @@ def train_loop_per_worker(config: dict) -> dict:
         plan.order, devices, num_micro_batches=cfg.num_micro_batches,
         batched=batched_inputs(spec.make_batch),
         autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
+    if world > 1 and len(devices) == 1:
+        sync = DDPSync(part.module)
+        executor.whole_module = sync.ddp
+    else:
+        sync = GradientSync(_params_by_device(part, plan.assignment, model, len(devices)),
+                            world)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     start, history = _restore(model, optimizer, config.get("resume_from"))
     global_batch = cfg.global_batch or spec.batch
     source = BatchSource(spec, data=cfg.data, global_batch=global_batch, rank=rank,
                          dp_degree=world, seed=cfg.seed)
-    sync = GradientSync(_params_by_device(part, plan.assignment, model, len(devices)), world)
     noise = NoiseScaleEstimator()
     for step in range(start, cfg.steps):
         _maybe_fail(cfg, step, rank, config.get("marker_dir"))
