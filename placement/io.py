@@ -16,6 +16,8 @@ from placement.graph import ANY_KIND, Edge, GraphError, Op, OpGraph
 FORMAT_NAME = "hybrid-orchestrator.op-graph"
 FORMAT_VERSION = 1
 PEER_TIME_UNIT = "peer"
+#: The key that marks a file in the peer format (its device count).
+PEER_MARKER = 'maxFPGAs'
 
 
 def load_graph(path: str | Path) -> OpGraph:
@@ -38,13 +40,13 @@ def load_graph(path: str | Path) -> OpGraph:
     try:
         if isinstance(data, Mapping) and data.get("format") == FORMAT_NAME:
             return graph_from_dict(data, default_name=name)
-        if isinstance(data, Mapping) and "maxFPGAs" in data:
+        if isinstance(data, Mapping) and PEER_MARKER in data:
             return graph_from_peer(data, name=name)
     except GraphError as err:
         raise GraphError(f"{path}: {err}") from None
     raise GraphError(
         f"{path}: neither our op-graph format (\"format\": \"{FORMAT_NAME}\") nor the "
-        "peer format (\"maxFPGAs\", \"nodes\", \"edges\"): see docs/graph-format.md"
+        f"peer format ({PEER_MARKER}, nodes, edges): see docs/graph-format.md"
     )
 
 
@@ -187,7 +189,7 @@ def graph_from_peer(data: Mapping[str, Any], name: str = "peer") -> OpGraph:
         ops=tuple(ops), edges=tuple(edges), name=name, time_unit=PEER_TIME_UNIT,
         metadata={
             "source_format": "peer",
-            "num_devices": int(data["maxFPGAs"]),
+            "num_devices": int(data[PEER_MARKER]),
             "device_memory_bytes": float(data.get("maxSizePerFPGA", 0.0)) or None,
         },
     )
