@@ -23,8 +23,8 @@ from orchestrator.sweep import (
     linear_lr,
     max_concurrent_trials,
     run_sweep,
+    train_config,
 )
-from orchestrator.train.config import TrainConfig
 from orchestrator.train.launch import cluster_nodes, fit, ray_cluster
 from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
@@ -226,11 +226,10 @@ def run_job(args: JobArgs) -> dict:
 
     status("5/6 train", f"{winner.key()} (dp {winner.dp_degree} x mp {winner.mp_degree}) "
                         f"for {args.final_steps} steps")
-    final_cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=winner.dp_degree,
-                            mp_degree=winner.mp_degree, global_batch=winner.global_batch,
-                            num_micro_batches=winner.num_micro_batches,
-                            steps=args.final_steps, lr=winner.lr, data=args.data,
-                            use_gpu=use_gpu, checkpoint_every=max(1, args.final_steps // 2))
+    final_cfg = dataclasses.replace(
+        train_config(winner, model=args.model, preset=args.preset, steps=args.final_steps,
+                     use_gpu=use_gpu, data=args.data),
+        checkpoint_every=max(1, args.final_steps // 2))
     final = fit(final_cfg, plans[winner.mp_degree], storage=args.storage, name="final",
                 max_failures=1, fake_gpus=fake_gpus)
     summary = {

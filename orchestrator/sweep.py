@@ -76,7 +76,7 @@ def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
     kept, pruned = [], []
     for c in candidates:
         try:
-            check_fits(_train_config(c, model=model, preset=preset, steps=1,
+            check_fits(train_config(c, model=model, preset=preset, steps=1,
                                      use_gpu=use_gpu, data=None), list(nodes))
         except UserError as err:
             pruned.append(f"{c.key()}: {err}")
@@ -85,8 +85,9 @@ def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
     return kept, pruned
 
 
-def _train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu: bool,
-                  data: str | None) -> TrainConfig:
+def train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu: bool,
+                 data: str | None) -> TrainConfig:
+    """The training run of a candidate (a trial's, or the final one's)."""
     return TrainConfig(model=model, preset=preset, dp_degree=c.dp_degree,
                        mp_degree=c.mp_degree, global_batch=c.global_batch,
                        num_micro_batches=c.num_micro_batches, steps=steps, lr=c.lr,
@@ -96,7 +97,7 @@ def _train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu:
 def _trial(config: dict, *, job: dict) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
     c = Candidate(**config["candidate"])
-    cfg = _train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
+    cfg = train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
                         use_gpu=job["use_gpu"], data=job["data"])
     trainer = TorchTrainer(
         train_loop_per_worker,

@@ -38,7 +38,7 @@ from placement.milp.incumbent import (
     run_checked,
     worth_a_round,
 )
-from placement.milp.max_load import canonical_devices, unit_devices
+from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
 from placement.refine import local_search
 from placement.simulate import (
     OrderError,
@@ -218,24 +218,7 @@ def build_makespan(data: MakespanData) -> pyo.ConcreteModel:
         return m.C >= sum(float(unit_work[u]) * m.x[u, d] for u in m.U)
     m.busy = pyo.Constraint(m.D, rule=busy_rule)
 
-    # sum_u memory_u x[u,d] <= memory_cap
-    def memory_rule(m, d):
-        return sum(m.memory[u] * m.x[u, d] for u in m.U) <= m.memory_cap
-    m.memory_fit = pyo.Constraint(m.D, rule=memory_rule)
-
-    # prefix[u,d] = prefix[u-1,d] + x[u,d]
-    def prefix_rule(m, u, d):
-        return m.prefix[u, d] == (m.prefix[u - 1, d] if u else 0) + m.x[u, d]
-    m.prefix_def = pyo.Constraint(m.U, m.D, rule=prefix_rule)
-
-    # Identical devices, numbered by their first unit: x[u,d] <= prefix[u-1,d-1]
-    def symmetry_rule(m, u, d):
-        if d == 0:
-            return pyo.Constraint.Skip
-        if u == 0:
-            return m.x[u, d] == 0
-        return m.x[u, d] <= m.prefix[u - 1, d - 1]
-    m.symmetry = pyo.Constraint(m.U, m.D, rule=symmetry_rule)
+    add_memory_and_symmetry(m)
 
     m.objective = pyo.Objective(expr=m.C, sense=pyo.minimize)
     return m

@@ -119,6 +119,15 @@ def build_max_load(data: MaxLoadData) -> pyo.ConcreteModel:
                 + sum(m.cost[s] * (m.send[s, d] + m.recv[s, d]) for s in m.S for d in m.D))
     m.total = pyo.Constraint(rule=total_rule)
 
+    add_memory_and_symmetry(m)
+
+    m.objective = pyo.Objective(expr=m.L, sense=pyo.minimize)
+    return m
+
+
+def add_memory_and_symmetry(m: pyo.ConcreteModel) -> None:
+    """The constraint families both builders share over the assignment x[u,d]: each
+    device's memory cap, and the numbering of identical devices by their first unit."""
     # sum_u memory_u x[u,d] <= memory_cap
     def memory_rule(m, d):
         return sum(m.memory[u] * m.x[u, d] for u in m.U) <= m.memory_cap
@@ -138,9 +147,6 @@ def build_max_load(data: MaxLoadData) -> pyo.ConcreteModel:
             return m.x[u, d] == 0
         return m.x[u, d] <= m.prefix[u - 1, d - 1]
     m.symmetry = pyo.Constraint(m.U, m.D, rule=symmetry_rule)
-
-    m.objective = pyo.Objective(expr=m.L, sense=pyo.minimize)
-    return m
 
 
 def canonical_devices(unit_device: np.ndarray) -> np.ndarray:
