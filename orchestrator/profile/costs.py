@@ -200,11 +200,15 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
     computation of `module(*batch).backward()`), timing each op's forward; then one
     backward with a hook on every autograd node, which gives the wall time since the
     previous node finished to the op whose forward created the node (the CPU engine
-    runs nodes one at a time, so this splits the backward among the ops). The hooks
-    cost time themselves, so the same step is run once more without them, and the
-    ops' backward shares are scaled to that clean backward time. Timing ops inside
-    real steps, rather than one op over and over, keeps the cache, allocator and
-    engine effects of a real step in the figures.
+    runs nodes one at a time, so this splits the backward among the ops). Timers,
+    hooks and interpreting the graph op by op cost time themselves, so the same step
+    is run once more as the traced module's own forward and backward, and the ops'
+    forward and backward shares are scaled to those clean times: the instrumented
+    step says how a step's time splits among the ops, the clean one how long it is.
+    (The prologue, which no op owns, is spread over the forward shares: on one device
+    it runs once per step either way.) Timing ops inside real steps, rather than one
+    op over and over, keeps the cache, allocator and engine effects of a real step in
+    the figures.
 
     An op's time is its mean over the *central* steps: those whose total lies between
     the quartiles of the step totals (all steps when there are fewer than 4). A
@@ -227,15 +231,18 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
         shares = _backward_shares(env[part.loss], owner, len(part.ops))
         del env, owner
         part.module.zero_grad(set_to_none=True)
-        loss = part.run(batch)
         t0 = time.perf_counter()
+        loss = part.module(*batch)
+        t1 = time.perf_counter()
         loss.backward()
-        clean_s = time.perf_counter() - t0
-        scale = clean_s / sum(shares) if sum(shares) > 0 else 0.0
+        t2 = time.perf_counter()
+        del loss
+        fwd_scale = _scale(t1 - t0, step_fwd)
+        bwd_scale = _scale(t2 - t1, shares)
         if rep >= warmup:
             for i in range(len(part.ops)):
-                fwd[i].append(step_fwd[i])
-                bwd[i].append(shares[i] * scale)
+                fwd[i].append(step_fwd[i] * fwd_scale)
+                bwd[i].append(shares[i] * bwd_scale)
         if progress is not None:
             progress()
     part.module.zero_grad(set_to_none=True)
@@ -243,6 +250,10 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
                           for r in range(repeats)])
     return [(statistics.fmean(f[r] for r in keep), statistics.fmean(b[r] for r in keep))
             for f, b in zip(fwd, bwd)]
+
+
+def _scale(clean_s: float, shares: list[float]) -> float:
+    return clean_s / sum(shares) if sum(shares) > 0 else 0.0
 
 
 def _claim_nodes(owner: dict, outputs: list[Any], op_id: int) -> None:
