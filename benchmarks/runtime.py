@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -22,40 +23,43 @@ import torch
 from orchestrator.profile import partition
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import fit, plan_worker, ray_cluster
+from orchestrator.train.launch import fit, plan_worker, profile_micro_batch, ray_cluster
 
 
-def median_step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int,
-                  repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 2):
-        spec.module.zero_grad(set_to_none=True)
-        started = time.perf_counter()
-        executor.step(batch, batch_size)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times[2:])
+def step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int) -> float:
+    spec.module.zero_grad(set_to_none=True)
+    started = time.perf_counter()
+    executor.step(batch, batch_size)
+    return time.perf_counter() - started
 
 
-def mp_speedup(model: str, batch_size: int, repeats: int) -> dict:
+def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> dict:
     """Measured and predicted step times at mp 1 and at mp 2 (best micro-batch count
-    by prediction), interleaved so that the machine's load hits both alike."""
+    by prediction). This machine's speed drifts by 10-40% within a second, so the two
+    alternate in short runs: one untimed step (a step after one of the other executor
+    runs slower than in a run of its own, as training steps are) and `steps` timed."""
     torch.set_num_threads(1)
     part, spec = partition(model)
     batch = spec.make_batch(batch_size)
-    plans = {1: plan_worker(TrainConfig(model=model, global_batch=batch_size))}
-    plans[2] = min((plan_worker(TrainConfig(model=model, global_batch=batch_size, mp_degree=2,
-                                            num_micro_batches=k)) for k in (1, 2, 4)),
+    # One profile per micro-batch size, shared by the mp1 and mp2 plans: profiles taken
+    # a few seconds apart differ by up to 20% here, which would swamp the prediction.
+    configs = {k: TrainConfig(model=model, global_batch=batch_size, mp_degree=2,
+                              num_micro_batches=k) for k in (1, 2, 4)}
+    graphs = {k: profile_micro_batch(c) for k, c in configs.items()}
+    plans = {1: plan_worker(dataclasses.replace(configs[1], mp_degree=1), micro=graphs[1])}
+    plans[2] = min((plan_worker(c, micro=graphs[k]) for k, c in configs.items()),
                    key=lambda p: p.step_time)
     executors = {m: PlanExecutor(OpPartition(part.module, {o.id: o.nodes for o in part.ops}),
                                  p.assignment, p.order, [torch.device("cpu")] * m,
                                  num_micro_batches=p.num_micro_batches,
                                  batched=batched_inputs(spec.make_batch))
                  for m, p in plans.items()}
-    rounds: dict[int, list[float]] = {1: [], 2: []}
-    for _ in range(5):
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(rounds):
         for m, ex in executors.items():
-            rounds[m].append(median_step_s(ex, spec, batch, batch_size, repeats))
-    measured = {m: statistics.median(ts) for m, ts in rounds.items()}
+            step_s(ex, spec, batch, batch_size)
+            times[m] += [step_s(ex, spec, batch, batch_size) for _ in range(steps)]
+    measured = {m: statistics.median(ts) for m, ts in times.items()}
     return {"model": model, "batch": batch_size, "micro_batches": plans[2].num_micro_batches,
             "measured_s": measured, "predicted_s": {m: p.step_time for m, p in plans.items()},
             "solver": plans[2].solver}
@@ -111,7 +115,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.runtime")
     parser.add_argument("--models", default="biglstm,inception_v3")
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="runs of 1 + 3 steps of each executor, alternating")
     parser.add_argument("--ddp-steps", type=int, default=12, dest="ddp_steps")
     parser.add_argument("--skip-ddp", action="store_true", dest="skip_ddp")
     args = parser.parse_args(argv)
@@ -121,7 +126,7 @@ def main(argv: list[str]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for model in models:
         batch = args.batch if model == "biglstm" else max(8, args.batch // 32)
-        r = mp_speedup(model, batch, args.repeats)
+        r = mp_speedup(model, batch, args.rounds)
         measured = r["measured_s"][1] / r["measured_s"][2]
         predicted = r["predicted_s"][1] / r["predicted_s"][2]
         print(f"| {model} | {batch} | {r['micro_batches']} | {r['measured_s'][1] * 1e3:.1f} | "

@@ -132,12 +132,25 @@ def _placement_groups(graph: OpGraph) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(ops) for ops in groups.values())
 
 
+def split_overhead(graph: OpGraph, device_kind: str, num_devices: int) -> float:
+    """What each task's time is multiplied by when a worker's ops run on `num_devices`
+    devices: the executor runs a one-device plan as plain forward and backward calls of
+    the whole module (the times the profiler measured), and a split plan as one
+    autograd call per op and micro-batch, whose fixed costs the profiler measures as a
+    ratio (`metadata["split_overhead"][kind]`; 1 where it was not measured)."""
+    if num_devices <= 1:
+        return 1.0
+    return float(graph.metadata.get("split_overhead", {}).get(device_kind, 1.0))
+
+
 def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
-                num_micro_batches: int = 1, training: bool = True) -> TaskGraph:
+                num_micro_batches: int = 1, training: bool = True,
+                time_factor: float = 1.0) -> TaskGraph:
     """Unroll `graph` into the tasks of one step on devices of `device_kind`.
 
     `training=False` drops implied backward tasks (inference); explicit backward ops of
-    the peer format are kept either way, as the file describes them.
+    the peer format are kept either way, as the file describes them. Every task's time
+    is multiplied by `time_factor` (see `split_overhead`).
     """
     if num_micro_batches < 1:
         raise ValueError(f"num_micro_batches={num_micro_batches} must be >= 1")
@@ -157,7 +170,7 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
                 task = Task(op.id, phase, m)
                 index[task] = len(tasks)
                 tasks.append(task)
-                duration.append(op.time_s(device_kind, backward=phase) / k)
+                duration.append(op.time_s(device_kind, backward=phase) * time_factor / k)
                 group.append(group_of_op[op.id])
 
     def transfer(bytes_: float, cost_s: float | None) -> float:

@@ -8,6 +8,7 @@
   which feed the roofline of `orchestrator.profile.roofline`; and the bytes it saves
   for the backward (activations), counted once per storage across the graph,
   parameters excluded.
+- `split_overhead`: how much slower a step runs when each op is its own executor task.
 - `step_peak_bytes`: the peak of live memory over one whole training step.
 
 Everything but the timing runs on the meta device as well: FLOPs, bytes and memory are
@@ -250,6 +251,51 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
                           for r in range(repeats)])
     return [(statistics.fmean(f[r] for r in keep), statistics.fmean(b[r] for r in keep))
             for f, b in zip(fwd, bwd)]
+
+
+def split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
+                   warmup: int, progress: Callable[[], None] | None = None) -> float:
+    """Step time with every op its own executor task, over the plain step's.
+
+    A plan that splits a worker's ops over devices runs each op's forward and backward
+    as separate tasks (detached inputs, one `torch.autograd.backward` per op: see
+    `orchestrator.runtime.executor`), which costs fixed time per task that the plain
+    step does not pay. Measured here with every task on one device (so that no task
+    waits for another device), in pairs of split steps alternating with pairs of plain
+    steps so that both see the same load; only the second step of each pair is timed,
+    as a step that follows one of the other kind runs slower (other threads' memory and
+    caches) than one in a run of its own kind, which is what training does. The ratio
+    of the medians is what the simulator multiplies a split plan's task times by
+    (`placement.tasks.split_overhead`)."""
+    from orchestrator.runtime.executor import OpPartition, PlanExecutor
+
+    forward = [(op.id, "forward", 0) for op in part.ops]
+    backward = [(op.id, "backward", 0) for op in reversed(part.ops)]
+    # A second, idle device makes the executor run its split path.
+    executor = PlanExecutor(OpPartition(part.module, {op.id: op.nodes for op in part.ops}),
+                            {op.id: 0 for op in part.ops}, [forward + backward, []],
+                            [torch.device("cpu")] * 2, num_micro_batches=1)
+    size = batch[0].shape[0] if batch and batch[0].dim() else 1
+    plain: list[float] = []
+    split: list[float] = []
+    def plain_step() -> None:
+        part.module(*batch).backward()
+
+    def split_step() -> None:
+        executor.step(batch, size)
+
+    for rep in range(warmup + repeats):
+        for run, times in ((plain_step, plain), (split_step, split)):
+            for timed in (False, True):
+                part.module.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                run()
+                if timed and rep >= warmup:
+                    times.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress()
+    part.module.zero_grad(set_to_none=True)
+    return statistics.median(split) / statistics.median(plain)
 
 
 def _scale(clean_s: float, shares: list[float]) -> float:

@@ -19,6 +19,7 @@ from orchestrator.train.config import TrainConfig
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
+from placement.graph import OpGraph
 from placement.plan import Plan
 from placement.planner import PlanConfig, plan
 from placement.scaling.step import scale_graph
@@ -73,10 +74,9 @@ def check_fits(cfg: TrainConfig, nodes: list[NodeResources]) -> None:
             f"{per_node}): use --dp {sum(per_node)} or less, or a smaller --mp")
 
 
-def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic") -> Plan:
-    """Profile one micro-batch of a worker's share of the batch on this machine and
-    place the worker's ops on its devices (CPU threads here, so measured CPU costs are
-    the right ones).
+def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
+    """The model's graph profiled on this machine at one micro-batch of a worker's share
+    of the batch.
 
     Profiling at the micro-batch, not at the worker's batch divided by K, keeps what a
     small batch costs per sample (fixed per-op overheads, less efficient kernels) in
@@ -84,10 +84,19 @@ def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic") -> Plan:
     from orchestrator.models import build
     from orchestrator.profile import profile_model
 
-    k = cfg.num_micro_batches
     global_batch = cfg.global_batch or build(cfg.model, cfg.preset, device="meta").batch
-    micro = profile_model(cfg.model, preset=cfg.preset, target="cpu",
-                          batch=max(1, global_batch // cfg.dp_degree // k))
+    return profile_model(cfg.model, preset=cfg.preset, target="cpu",
+                         batch=max(1, global_batch // cfg.dp_degree // cfg.num_micro_batches))
+
+
+def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic",
+                micro: OpGraph | None = None) -> Plan:
+    """Place the worker's ops on its devices (CPU threads here, so measured CPU costs
+    are the right ones), from `micro`, the graph `profile_micro_batch(cfg)` returns
+    (profiled now when not given)."""
+    k = cfg.num_micro_batches
+    if micro is None:
+        micro = profile_micro_batch(cfg)
     # The planner splits each op's time over K micro-batch tasks; hand it K x the
     # micro-batch's times so that each task costs what was measured.
     graph = scale_graph(micro, compute_factor=k, data_factor=k)

@@ -22,7 +22,7 @@ from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.plan import Plan
 from placement.simulate import evaluate_order, memory_bytes
-from placement.tasks import Task, TaskGraph, build_tasks
+from placement.tasks import Task, TaskGraph, build_tasks, split_overhead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +120,9 @@ def worker_step(graph: OpGraph, plan: Plan, cluster: ClusterSpec, batch: float,
     """Re-simulate `plan` with the graph scaled to `batch` samples per worker."""
     k = plan.num_micro_batches
     scaled = scale_graph(graph, rule.compute_factor(batch, k), rule.data_factor(batch))
-    tg = build_tasks(scaled, link=cluster.intra_node, device_kind=cluster.device.name,
-                     num_micro_batches=k)
+    kind = cluster.device.name
+    tg = build_tasks(scaled, link=cluster.intra_node, device_kind=kind, num_micro_batches=k,
+                     time_factor=split_overhead(graph, kind, plan.num_devices))
     group_device = _group_device(tg, plan)
     schedule = evaluate_order(tg, group_device, _order(tg, plan))
     dev = tg.task_devices(group_device)

@@ -122,3 +122,29 @@ def test_shared_inputs_are_not_split_even_when_their_length_is_the_batch():
     assert ex.step(batch, batch_size=128) == pytest.approx(expected.item(), rel=1e-5)
     for name, param in spec.module.named_parameters():
         torch.testing.assert_close(param.grad, expected_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_device_threads_outlive_steps_and_stop_with_the_executor():
+    import gc
+    import threading
+
+    torch.manual_seed(0)
+    gm = fx.symbolic_trace(Branchy())
+    op_nodes = one_op_per_node(gm)
+    p = plan(unit_graph(gm, op_nodes), preset("cpu"), PlanConfig(num_devices=2))
+    ex = PlanExecutor(OpPartition(gm, op_nodes), p.assignment, p.order,
+                      [torch.device("cpu")] * 2, num_micro_batches=1)
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    seen: list[dict[int, threading.Thread]] = []
+    for _ in range(2):
+        threads: dict[int, threading.Thread] = {}
+        ex.step(batch, 8, on_device_done=lambda d: threads.__setitem__(
+            d, threading.current_thread()))
+        seen.append(threads)
+    assert seen[0] == seen[1] and len(set(seen[0].values())) == 2
+    assert threading.current_thread() not in seen[0].values()
+    del ex
+    gc.collect()
+    for t in seen[0].values():
+        t.join(timeout=10)
+        assert not t.is_alive()

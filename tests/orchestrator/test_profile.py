@@ -139,6 +139,9 @@ def test_profiled_graph(graphs, name, tmp_path):
         if op.attrs["layer_kind"] in ("conv2d", "linear") and op.param_bytes:
             assert len(op.attrs["weight_shape"]) >= 2
     assert all(e.bytes > 0 for e in graph.edges)
+    # What one autograd call per op costs the executor, measured (projected kinds: no).
+    assert set(graph.metadata["split_overhead"]) == {"cpu"}
+    assert 0.5 < graph.metadata["split_overhead"]["cpu"] < 10
     json.dumps([dict(op.attrs) for op in graph.ops])
     save_graph(graph, tmp_path / "g.json")
     again = load_graph(tmp_path / "g.json")

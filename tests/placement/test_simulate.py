@@ -17,7 +17,7 @@ from placement.simulate import (
     max_load_lower_bound,
     step_time_lower_bound,
 )
-from placement.tasks import build_tasks
+from placement.tasks import build_tasks, split_overhead
 from tests.placement.helpers import chain_graph, dag
 
 UNIT_LINK = Link(latency_s=0.0, bandwidth_bytes_per_s=1.0)
@@ -141,3 +141,19 @@ def test_single_device_step_is_the_total_work():
     g = dag([1.0, 2.0, 3.0, 4.0], [(0, 1), (0, 2), (1, 3), (2, 3)], cost=5.0)
     tg = tasks(g)
     assert list_schedule(tg, np.zeros(tg.num_groups, dtype=int), 1).step_time_s == 10.0
+
+
+def test_split_plans_pay_the_measured_task_overhead():
+    """A plan over several devices runs each op as its own task, which the profiler
+    measured as a ratio; a one-device plan runs the whole module and pays nothing."""
+    g = dag([1.0, 2.0, 3.0, 4.0], [(0, 1), (0, 2), (1, 3), (2, 3)], cost=0.0)
+    g = OpGraph(ops=g.ops, edges=g.edges, metadata={"split_overhead": {"any": 1.5}})
+    assert split_overhead(g, "any", 1) == 1.0
+    assert split_overhead(g, "v100", 2) == 1.0
+    plain = build_tasks(g, link=UNIT_LINK, device_kind="any")
+    split = build_tasks(g, link=UNIT_LINK, device_kind="any",
+                        time_factor=split_overhead(g, "any", 2))
+    assert split.duration_s == pytest.approx(1.5 * plain.duration_s)
+    # Everything on one of two devices: the split executor still runs, slower.
+    one = list_schedule(split, np.zeros(split.num_groups, dtype=int), 2)
+    assert one.step_time_s == pytest.approx(15.0)
