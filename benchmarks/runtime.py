@@ -93,22 +93,32 @@ def ddp_loop(config: dict) -> dict:
     return {"step_times_s": times}
 
 
-def ddp_overhead(model: str, batch_size: int, steps: int) -> dict:
+def ddp_overhead(model: str, batch_size: int, steps: int, rounds: int) -> dict:
+    """Median step time of ours and of Ray Train's DDP, in `rounds` alternating runs
+    (the machine's speed drifts between runs); the ratio is the median of the rounds'."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cfg = TrainConfig(model=model, dp_degree=2, global_batch=batch_size, steps=steps,
                       checkpoint_every=steps)
+    worker_plan = plan_worker(cfg)
     storage = tempfile.mkdtemp(prefix="bench-runtime-")
-    ours = fit(cfg, plan_worker(cfg), storage=storage, name="ours")["step_times_s"]
-    theirs = TorchTrainer(
-        ddp_loop, train_loop_config={"train": cfg.to_dict()},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name="ddp", storage_path=storage)).fit().return_value["step_times_s"]
-    skip = min(2, steps - 1)
-    return {"model": model, "batch": batch_size, "ours_s": statistics.median(ours[skip:]),
-            "ddp_s": statistics.median(theirs[skip:])}
+    skip = min(5, steps - 1)
+    ours, theirs = [], []
+    for r in range(rounds):
+        times = fit(cfg, worker_plan, storage=storage, name=f"ours-{r}")["step_times_s"]
+        ours.append(statistics.median(times[skip:]))
+        times = TorchTrainer(
+            ddp_loop, train_loop_config={"train": cfg.to_dict()},
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+            torch_config=TorchConfig(backend="gloo"),
+            run_config=RunConfig(name=f"ddp-{r}", storage_path=storage),
+        ).fit().return_value["step_times_s"]
+        theirs.append(statistics.median(times[skip:]))
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return {"model": model, "batch": batch_size, "ours_s": statistics.median(ours),
+            "ddp_s": statistics.median(theirs), "ratio": statistics.median(ratios),
+            "low": min(ratios), "high": max(ratios)}
 
 
 def main(argv: list[str]) -> None:
@@ -117,7 +127,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
     parser.add_argument("--rounds", type=int, default=10,
                         help="runs of 1 + 3 steps of each executor, alternating")
-    parser.add_argument("--ddp-steps", type=int, default=12, dest="ddp_steps")
+    parser.add_argument("--ddp-steps", type=int, default=30, dest="ddp_steps")
+    parser.add_argument("--ddp-rounds", type=int, default=3, dest="ddp_rounds")
     parser.add_argument("--skip-ddp", action="store_true", dest="skip_ddp")
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -134,13 +145,14 @@ def main(argv: list[str]) -> None:
               f"{(predicted - measured) / measured:+.1%} |", flush=True)
     if args.skip_ddp:
         return
-    print("\n| model | global batch | ours (dp2 x mp1) ms | Ray Train DDP ms | ratio |")
+    print("\n| model | global batch | ours (dp2 x mp1) ms | Ray Train DDP ms | ratio "
+          "(min-max over rounds) |")
     print("|---|---|---|---|---|")
     with ray_cluster(None):
         for model in models:
-            r = ddp_overhead(model, 16, args.ddp_steps)
+            r = ddp_overhead(model, 16, args.ddp_steps, args.ddp_rounds)
             print(f"| {model} | 16 | {r['ours_s'] * 1e3:.1f} | {r['ddp_s'] * 1e3:.1f} | "
-                  f"{r['ours_s'] / r['ddp_s']:.3f} |", flush=True)
+                  f"{r['ratio']:.3f} ({r['low']:.2f}-{r['high']:.2f}) |", flush=True)
 
 
 if __name__ == "__main__":
