@@ -62,5 +62,7 @@ def summary(graph: OpGraph, target: str) -> str:
         f"  FLOPs per step {flops:.4g} (forward {md['forward_flops']:.4g})",
         f"  predicted single-device step time on {target}: {step.step_time * 1e3:.4g} ms "
         f"({source}), {md['batch'] / step.step_time:,.1f} samples/s",
+        *([f"  split plans: x{md['split_overhead'][target]:.2f} per task (one autograd call "
+           "per op, measured)"] if target in md.get("split_overhead", {}) else []),
         f"  profiled in {md['profile_seconds']:.1f} s",
     ])
