@@ -33,36 +33,43 @@ def step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int) -> float
     return time.perf_counter() - started
 
 
-def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> dict:
-    """Measured and predicted step times at mp 1 and at mp 2 (best micro-batch count
-    by prediction). This machine's speed drifts by 10-40% within a second, so the two
-    alternate in short runs: one untimed step (a step after one of the other executor
-    runs slower than in a run of its own, as training steps are) and `steps` timed."""
+MICRO_BATCHES = (1, 2, 4)
+
+
+def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list[dict]:
+    """Measured and predicted step time at mp 1 and at mp 2 with each micro-batch count
+    K: one row per K. mp1 runs the whole batch on one device (what `orchestrator train`
+    does at mp 1). This machine's speed drifts by 10-40% within a second, so the
+    executors alternate in short runs: one untimed step (a step after another
+    executor's runs slower than in a run of its own, as training steps are) and
+    `steps` timed."""
     torch.set_num_threads(1)
     part, spec = partition(model)
     batch = spec.make_batch(batch_size)
-    # One profile per micro-batch size, shared by the mp1 and mp2 plans: profiles taken
-    # a few seconds apart differ by up to 20% here, which would swamp the prediction.
+    # mp1 and the mp2 plan with K = 1 share one profile: profiles taken a few seconds
+    # apart differ by up to 20% here, which would swamp the prediction. K > 1 needs a
+    # profile of its micro-batch, so its prediction carries that noise.
     configs = {k: TrainConfig(model=model, global_batch=batch_size, mp_degree=2,
-                              num_micro_batches=k) for k in (1, 2, 4)}
+                              num_micro_batches=k) for k in MICRO_BATCHES}
     graphs = {k: profile_micro_batch(c) for k, c in configs.items()}
-    plans = {1: plan_worker(dataclasses.replace(configs[1], mp_degree=1), micro=graphs[1])}
-    plans[2] = min((plan_worker(c, micro=graphs[k]) for k, c in configs.items()),
-                   key=lambda p: p.step_time)
-    executors = {m: PlanExecutor(OpPartition(part.module, {o.id: o.nodes for o in part.ops}),
-                                 p.assignment, p.order, [torch.device("cpu")] * m,
-                                 num_micro_batches=p.num_micro_batches,
-                                 batched=batched_inputs(spec.make_batch))
-                 for m, p in plans.items()}
-    times: dict[int, list[float]] = {1: [], 2: []}
+    plans = {"mp1": plan_worker(dataclasses.replace(configs[1], mp_degree=1),
+                                micro=graphs[1])}
+    plans.update((k, plan_worker(c, micro=graphs[k])) for k, c in configs.items())
+    executors = {name: PlanExecutor(
+        OpPartition(part.module, {o.id: o.nodes for o in part.ops}), p.assignment, p.order,
+        [torch.device("cpu")] * p.num_devices, num_micro_batches=p.num_micro_batches,
+        batched=batched_inputs(spec.make_batch)) for name, p in plans.items()}
+    times: dict[object, list[float]] = {name: [] for name in executors}
     for _ in range(rounds):
-        for m, ex in executors.items():
+        for name, ex in executors.items():
             step_s(ex, spec, batch, batch_size)
-            times[m] += [step_s(ex, spec, batch, batch_size) for _ in range(steps)]
-    measured = {m: statistics.median(ts) for m, ts in times.items()}
-    return {"model": model, "batch": batch_size, "micro_batches": plans[2].num_micro_batches,
-            "measured_s": measured, "predicted_s": {m: p.step_time for m, p in plans.items()},
-            "solver": plans[2].solver}
+            times[name] += [step_s(ex, spec, batch, batch_size) for _ in range(steps)]
+    mp1 = statistics.median(times["mp1"])
+    return [{"model": model, "batch": batch_size, "micro_batches": k, "mp1_s": mp1,
+             "mp2_s": statistics.median(times[k]),
+             "measured": mp1 / statistics.median(times[k]),
+             "predicted": plans["mp1"].step_time / plans[k].step_time}
+            for k in MICRO_BATCHES]
 
 
 def ddp_loop(config: dict) -> dict:
@@ -125,7 +132,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.runtime")
     parser.add_argument("--models", default="biglstm,inception_v3")
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
-    parser.add_argument("--rounds", type=int, default=10,
+    parser.add_argument("--rounds", type=int, default=8,
                         help="runs of 1 + 3 steps of each executor, alternating")
     parser.add_argument("--ddp-steps", type=int, default=30, dest="ddp_steps")
     parser.add_argument("--ddp-rounds", type=int, default=3, dest="ddp_rounds")
@@ -137,12 +144,10 @@ def main(argv: list[str]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for model in models:
         batch = args.batch if model == "biglstm" else max(8, args.batch // 32)
-        r = mp_speedup(model, batch, args.rounds)
-        measured = r["measured_s"][1] / r["measured_s"][2]
-        predicted = r["predicted_s"][1] / r["predicted_s"][2]
-        print(f"| {model} | {batch} | {r['micro_batches']} | {r['measured_s'][1] * 1e3:.1f} | "
-              f"{r['measured_s'][2] * 1e3:.1f} | {measured:.2f}x | {predicted:.2f}x | "
-              f"{(predicted - measured) / measured:+.1%} |", flush=True)
+        for r in mp_speedup(model, batch, args.rounds):
+            print(f"| {model} | {batch} | {r['micro_batches']} | {r['mp1_s'] * 1e3:.1f} | "
+                  f"{r['mp2_s'] * 1e3:.1f} | {r['measured']:.2f}x | {r['predicted']:.2f}x | "
+                  f"{(r['predicted'] - r['measured']) / r['measured']:+.1%} |", flush=True)
     if args.skip_ddp:
         return
     print("\n| model | global batch | ours (dp2 x mp1) ms | Ray Train DDP ms | ratio "

@@ -73,7 +73,7 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     eff = efficiency or Efficiency()
     with _threads(1):
         env = reference_env(part, data)
-        steps = 2 * (warmup + repeats) if timed else 0
+        steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
         with tqdm(total=len(part.ops) + steps, desc=f"profiling {spec.name}",
                   unit="step", disable=not progress, leave=False) as bar:
             costs: list[OpCost] = []

@@ -264,8 +264,9 @@ def split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats:
     waits for another device), in pairs of split steps alternating with pairs of plain
     steps so that both see the same load; only the second step of each pair is timed,
     as a step that follows one of the other kind runs slower (other threads' memory and
-    caches) than one in a run of its own kind, which is what training does. The ratio
-    of the medians is what the simulator multiplies a split plan's task times by
+    caches) than one in a run of its own kind, which is what training does. The median
+    of the pairs' ratios (at least 10 pairs: one ratio is as noisy as the machine) is
+    what the simulator multiplies a split plan's task times by
     (`placement.tasks.split_overhead`)."""
     from orchestrator.runtime.executor import OpPartition, PlanExecutor
 
@@ -284,7 +285,7 @@ def split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats:
     def split_step() -> None:
         executor.step(batch, size)
 
-    for rep in range(warmup + repeats):
+    for rep in range(warmup + max(repeats, 10)):
         for run, times in ((plain_step, plain), (split_step, split)):
             for timed in (False, True):
                 part.module.zero_grad(set_to_none=True)
@@ -295,7 +296,7 @@ def split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats:
         if progress is not None:
             progress()
     part.module.zero_grad(set_to_none=True)
-    return statistics.median(split) / statistics.median(plain)
+    return statistics.median(s / p for s, p in zip(split, plain))
 
 
 def _scale(clean_s: float, shares: list[float]) -> float:
