@@ -235,13 +235,18 @@ class _DeviceThreads:
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
+    # Set on the first job whatever the thread reports: a new thread's
+    # torch.get_num_threads() already gives the caller's count while MKL's team in it
+    # is still the default.
+    current = None
     while (item := jobs.get()) is not None:
         job, threads, done = item
         # Hold no reference to a finished step between jobs: it leads to the executor,
         # whose collection is what stops this thread.
         del item
-        if torch.get_num_threads() != threads:
+        if threads != current:
             torch.set_num_threads(threads)
+            current = threads
         try:
             job()
         finally:
