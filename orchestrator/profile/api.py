@@ -12,8 +12,8 @@ from tqdm import tqdm
 
 from orchestrator.models import ModelSpec, build
 from orchestrator.profile.costs import (OpCost, activation_bytes, measure_op,
-                                        op_signature, reference_env, split_overhead,
-                                        step_peak_bytes, time_ops)
+                                        measure_split_overhead, op_signature,
+                                        reference_env, step_peak_bytes, time_ops)
 from orchestrator.profile.roofline import Efficiency, op_time_s
 from orchestrator.profile.trace import Partition, partition as cut, trace
 from placement.cluster import A100, H100, V100, DeviceKind, preset as cluster_preset
@@ -89,8 +89,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                                  progress=bar.update)
                 for cost, (f, b) in zip(costs, times):
                     cost.forward_s, cost.backward_s = f, b
-                overhead = split_overhead(part, data, repeats=repeats, warmup=warmup,
-                                          progress=bar.update)
+                overhead = measure_split_overhead(part, data, repeats=repeats,
+                                                  warmup=warmup, progress=bar.update)
         memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, timed=timed, batch=batch,
                       target=target, extra_kinds=extra_kinds)

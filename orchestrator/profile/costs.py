@@ -8,7 +8,8 @@
   which feed the roofline of `orchestrator.profile.roofline`; and the bytes it saves
   for the backward (activations), counted once per storage across the graph,
   parameters excluded.
-- `split_overhead`: how much slower a step runs when each op is its own executor task.
+- `measure_split_overhead`: how much slower a step runs when each op is its own
+  executor task.
 - `step_peak_bytes`: the peak of live memory over one whole training step.
 
 Everything but the timing runs on the meta device as well: FLOPs, bytes and memory are
@@ -253,8 +254,9 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
             for f, b in zip(fwd, bwd)]
 
 
-def split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
-                   warmup: int, progress: Callable[[], None] | None = None) -> float:
+def measure_split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *,
+                           repeats: int, warmup: int,
+                           progress: Callable[[], None] | None = None) -> float:
     """Step time with every op its own executor task, over the plain step's.
 
     A plan that splits a worker's ops over devices runs each op's forward and backward
@@ -279,6 +281,7 @@ def split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats:
     size = batch[0].shape[0] if batch and batch[0].dim() else 1
     plain: list[float] = []
     split: list[float] = []
+
     def plain_step() -> None:
         part.module(*batch).backward()
 
