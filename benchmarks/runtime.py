@@ -4,7 +4,8 @@
    (1 core), for the tiny models, measured side by side, next to the simulator's
    predicted speedup from the profiled graph.
 2. Overhead against Ray Train's own DDP (`prepare_model`) at dp_degree=2, mp_degree=1:
-   both run in one local Ray session, same model, data, optimizer and steps.
+   both run in the same two Ray Train workers, alternating, on the same batches, with
+   the same optimizer.
 
     python -m benchmarks runtime [--models biglstm,inception_v3] [--batch 256]
 """
@@ -23,7 +24,7 @@ import torch
 from orchestrator.profile import partition
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import fit, plan_worker, profile_micro_batch, ray_cluster
+from orchestrator.train.launch import plan_worker, profile_micro_batch, ray_cluster
 
 
 def step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int) -> float:
@@ -72,59 +73,62 @@ def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list
             for k in MICRO_BATCHES]
 
 
-def ddp_loop(config: dict) -> dict:
-    """Ray Train's own data parallelism: DDP from `prepare_model`, the same batches."""
-    import ray.train
+def side_by_side_loop(config: dict) -> dict:
+    """Our worker (`HybridWorker`, what `orchestrator train` runs) and Ray Train's own
+    data parallelism (DDP from `prepare_model` on the original model) in the same
+    worker processes, alternating in runs of `steps` steps on the same batches. Two
+    separate runs land in different minutes of this host's drifting speed (the ratio
+    of two such runs moved between 1.01 and 1.14); alternating in one process pair
+    compares like with like."""
     import ray.train.torch
 
     from orchestrator.models import build
-    from orchestrator.train.batches import BatchSource
+    from orchestrator.train.worker import HybridWorker
 
-    torch.set_num_threads(1)
-    cfg = TrainConfig(**config["train"])
-    spec = build(cfg.model, cfg.preset, seed=cfg.seed)
+    rounds, steps = config["rounds"], config["steps"]
+    ours = HybridWorker(config)
+    spec = build(ours.cfg.model, ours.cfg.preset, seed=ours.cfg.seed)
     model = ray.train.torch.prepare_model(spec.module)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    ctx = ray.train.get_context()
-    source = BatchSource(spec, data=None, global_batch=cfg.global_batch,
-                         rank=ctx.get_world_rank(), dp_degree=ctx.get_world_size(), seed=0)
-    times = []
-    for step in range(cfg.steps):
-        batch = source.batch(step)
-        started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        model(*batch).backward()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
-        ray.train.report({"step": step + 1})
-    return {"step_times_s": times}
+    optimizer = torch.optim.SGD(model.parameters(), lr=ours.cfg.lr, momentum=0.9)
+    ours_s, ddp_s = [], []
+    for r in range(rounds):
+        # The first step of each run is not timed: a step right after the other
+        # loop's runs slower than in a run of its own (caches, allocator).
+        for i in range(steps + 1):
+            ours.train_step(r * (steps + 1) + i)
+        ours_s.append(statistics.median(ours.history["step_times_s"][-steps:]))
+        times = []
+        for i in range(steps + 1):
+            batch = ours.source.batch(r * (steps + 1) + i)
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            model(*batch).backward()
+            optimizer.step()
+            times.append(time.perf_counter() - started)
+        ddp_s.append(statistics.median(times[1:]))
+    return {"ours_s": ours_s, "ddp_s": ddp_s}
 
 
 def ddp_overhead(model: str, batch_size: int, steps: int, rounds: int) -> dict:
-    """Median step time of ours and of Ray Train's DDP, in `rounds` alternating runs
-    (the machine's speed drifts between runs); the ratio is the median of the rounds'."""
+    """Our dp2 x mp1 step against Ray Train's DDP: the median over `rounds` of the
+    ratio of their median step times in one round."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    cfg = TrainConfig(model=model, dp_degree=2, global_batch=batch_size, steps=steps,
-                      checkpoint_every=steps)
-    worker_plan = plan_worker(cfg)
-    storage = tempfile.mkdtemp(prefix="bench-runtime-")
-    skip = min(5, steps - 1)
-    ours, theirs = [], []
-    for r in range(rounds):
-        times = fit(cfg, worker_plan, storage=storage, name=f"ours-{r}")["step_times_s"]
-        ours.append(statistics.median(times[skip:]))
-        times = TorchTrainer(
-            ddp_loop, train_loop_config={"train": cfg.to_dict()},
-            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-            torch_config=TorchConfig(backend="gloo"),
-            run_config=RunConfig(name=f"ddp-{r}", storage_path=storage),
-        ).fit().return_value["step_times_s"]
-        theirs.append(statistics.median(times[skip:]))
-    ratios = [a / b for a, b in zip(ours, theirs)]
-    return {"model": model, "batch": batch_size, "ours_s": statistics.median(ours),
-            "ddp_s": statistics.median(theirs), "ratio": statistics.median(ratios),
+    cfg = TrainConfig(model=model, dp_degree=2, global_batch=batch_size,
+                      steps=rounds * (steps + 1), checkpoint_every=10**9)
+    times = TorchTrainer(
+        side_by_side_loop,
+        train_loop_config={"train": cfg.to_dict(), "plan": plan_worker(cfg).to_dict(),
+                           "rounds": rounds, "steps": steps},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name=f"side-by-side-{model}",
+                             storage_path=tempfile.mkdtemp(prefix="bench-runtime-")),
+    ).fit().return_value
+    ratios = [a / b for a, b in zip(times["ours_s"], times["ddp_s"])]
+    return {"model": model, "batch": batch_size, "ours_s": statistics.median(times["ours_s"]),
+            "ddp_s": statistics.median(times["ddp_s"]), "ratio": statistics.median(ratios),
             "low": min(ratios), "high": max(ratios)}
 
 
@@ -134,8 +138,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
     parser.add_argument("--rounds", type=int, default=8,
                         help="runs of 1 + 3 steps of each executor, alternating")
-    parser.add_argument("--ddp-steps", type=int, default=30, dest="ddp_steps")
-    parser.add_argument("--ddp-rounds", type=int, default=3, dest="ddp_rounds")
+    parser.add_argument("--ddp-steps", type=int, default=10, dest="ddp_steps",
+                        help="timed steps per run of each loop in the DDP comparison")
+    parser.add_argument("--ddp-rounds", type=int, default=8, dest="ddp_rounds")
     parser.add_argument("--skip-ddp", action="store_true", dest="skip_ddp")
     args = parser.parse_args(argv)
     models = args.models.split(",")

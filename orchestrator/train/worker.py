@@ -27,6 +27,12 @@ from placement.plan import plan_from_dict
 
 STATE_FILE = "state.pt"
 
+#: Seconds between metric-only reports. Train V2's controller takes one report per
+#: worker per poll, every 2 s (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S), and a worker's
+#: report blocks until the previous one is taken: reporting every 20 ms step ran 40
+#: tiny-BigLSTM steps in 80 s instead of 1 s.
+REPORT_INTERVAL_S = 2.0
+
 
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
     """The worker's mp_degree devices: its GPUs, or CPU threads on a CPU host (and on
@@ -40,29 +46,43 @@ def worker_devices(cfg: TrainConfig) -> list[torch.device]:
 
 class DDPSync:
     """One device per worker: torch's DDP allreduces gradient buckets while the backward
-    still runs; its communication hook notes each bucket's local squared norm (before
-    averaging) for the noise scale."""
+    still runs. Its communication hook also notes each bucket's squared norm before and
+    after averaging, for the noise scale: one dot product per bucket where the data
+    already sits, instead of a pass over every gradient after the step (measured on the
+    tiny BigLSTM: 0.1 ms against 0.33 ms of a 21 ms step)."""
 
     def __init__(self, module: torch.nn.Module):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         self.ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=None)
-        self.local_sq = 0.0
+        # Appended to from the process group's thread as buckets complete; list.append
+        # is atomic under the GIL where `+=` on a float attribute is not.
+        self.local_sq: list[float] = []
+        self.global_sq: list[float] = []
+        world = dist.get_world_size()
 
-        def hook(state, bucket):
-            self.local_sq += float(bucket.buffer().pow(2).sum())
-            return default_hooks.allreduce_hook(None, bucket)
+        def averaged(future) -> torch.Tensor:
+            buffer = future.value()[0]
+            self.global_sq.append(float(torch.dot(buffer, buffer)))
+            return buffer
+
+        # Unannotated: DDP checks a hook's return annotation as a type, and this
+        # module's annotations are strings.
+        def hook(_state, bucket):
+            buffer = bucket.buffer()
+            self.local_sq.append(float(torch.dot(buffer, buffer)))
+            buffer.div_(world)
+            return dist.all_reduce(buffer, async_op=True).get_future().then(averaged)
 
         self.ddp.register_comm_hook(None, hook)
-        self.params = [p for p in module.parameters() if p.requires_grad]
 
     def launch(self, device: int) -> None:
         """Nothing left to launch: DDP sent every bucket during the backward."""
 
     def finish(self) -> tuple[float, float]:
-        local_sq, self.local_sq = self.local_sq, 0.0
-        # One fused norm over all gradients (Inception has ~300 parameter tensors).
-        global_sq = float(torch.nn.utils.get_total_norm([_grad(p) for p in self.params])) ** 2
+        """This worker's |local gradient|^2 and the |averaged gradient|^2 (DDP has
+        installed the averaged gradients by the time the backward returns)."""
+        local_sq, global_sq = sum(self.local_sq), sum(self.global_sq)
+        self.local_sq.clear()
+        self.global_sq.clear()
         return local_sq, global_sq
 
 
@@ -188,68 +208,109 @@ def _restore(model, optimizer, resume_from: str | None) -> tuple[int, dict]:
     return state["step"], state["history"]
 
 
-def train_loop_per_worker(config: dict) -> dict:
-    train = config["train"]
-    cfg = TrainConfig(**{**train, "inject_failures": tuple(map(tuple, train["inject_failures"]))})
-    plan = plan_from_dict(config["plan"])
-    torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    devices = worker_devices(cfg)
-    part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed)
-    model = spec.module
-    executor = PlanExecutor(
-        OpPartition(part.module, {op.id: op.nodes for op in part.ops}), plan.assignment,
-        plan.order, devices, num_micro_batches=cfg.num_micro_batches,
-        batched=batched_inputs(spec.make_batch),
-        autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
-    if world > 1 and len(devices) == 1:
-        sync = DDPSync(part.module)
-        executor.whole_module = sync.ddp
-    else:
-        sync = GradientSync(_params_by_device(part, plan.assignment, model, len(devices)),
-                            world)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    start, history = _restore(model, optimizer, config.get("resume_from"))
-    global_batch = cfg.global_batch or spec.batch
-    source = BatchSource(spec, data=cfg.data, global_batch=global_batch, rank=rank,
-                         dp_degree=world, seed=cfg.seed)
-    noise = NoiseScaleEstimator()
-    for step in range(start, cfg.steps):
-        _maybe_fail(cfg, step, rank, config.get("marker_dir"))
-        batch = source.batch(step)
+class HybridWorker:
+    """One Ray Train worker: a model-parallel group executing its plan on its devices,
+    allreducing gradients with the other workers, checkpointing the whole state.
+    Built inside a Ray Train worker (it reads the train context)."""
+
+    def __init__(self, config: dict) -> None:
+        train = config["train"]
+        self.cfg = cfg = TrainConfig(**{**train, "inject_failures": tuple(
+            map(tuple, train["inject_failures"]))})
+        self.marker_dir = config.get("marker_dir")
+        self.projection = config.get("projection")
+        plan = plan_from_dict(config["plan"])
+        torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.devices = worker_devices(cfg)
+        part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed)
+        self.model = spec.module
+        self.executor = PlanExecutor(
+            OpPartition(part.module, {op.id: op.nodes for op in part.ops}), plan.assignment,
+            plan.order, self.devices, num_micro_batches=cfg.num_micro_batches,
+            batched=batched_inputs(spec.make_batch),
+            autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
+        if self.world > 1 and len(self.devices) == 1:
+            self.sync = DDPSync(part.module)
+            self.executor.whole_module = self.sync.ddp
+        else:
+            self.sync = GradientSync(_params_by_device(part, plan.assignment, self.model,
+                                                       len(self.devices)), self.world)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=0.9)
+        self.start, self.history = _restore(self.model, self.optimizer,
+                                            config.get("resume_from"))
+        self.global_batch = cfg.global_batch or spec.batch
+        self.source = BatchSource(spec, data=cfg.data, global_batch=self.global_batch,
+                                  rank=self.rank, dp_degree=self.world, seed=cfg.seed)
+        self.noise = NoiseScaleEstimator()
+        self.last_report = time.monotonic()
+        self.unreported: list[float] = []  # step times since the last report
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Step `step` (0-based): train, and return its metrics (`step_time_s`: the
+        median since the last report); report them with a checkpoint when one is due,
+        and without one once `REPORT_INTERVAL_S` has passed since the last report."""
+        cfg, world = self.cfg, self.world
+        _maybe_fail(cfg, step, self.rank, self.marker_dir)
+        batch = self.source.batch(step)
         started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = executor.step(batch, global_batch // world, on_device_done=sync.launch)
-        norms = sync.finish()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.executor.step(batch, self.global_batch // world,
+                                  on_device_done=self.sync.launch)
+        norms = self.sync.finish()
         if cfg.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
-        optimizer.step()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
+        self.optimizer.step()
         step_time = time.perf_counter() - started
-        # One allreduce for the loss and the local gradient norm (both averaged).
-        scalars = torch.tensor([loss, norms[0] if norms else 0.0], dtype=torch.float64)
+        # One allreduce for the loss, the local gradient norm (both averaged) and
+        # whether any worker is due to report, so that all report at the same steps.
+        due = time.monotonic() - self.last_report >= REPORT_INTERVAL_S
+        scalars = torch.tensor([loss, norms[0] if norms else 0.0, float(due)],
+                               dtype=torch.float64)
         if world > 1:
             dist.all_reduce(scalars)
-            scalars /= world
-            noise.update(float(scalars[1]), norms[1], global_batch / world, global_batch)
-        history["losses"].append(float(scalars[0]))
-        history["step_times_s"].append(step_time)
-        metrics = {"step": step + 1, "loss": history["losses"][-1], "step_time_s": step_time,
-                   "samples_per_s": global_batch / step_time,
-                   **_projection(config.get("projection"), noise, global_batch,
-                                 history["step_times_s"])}
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            checkpoint = _save(model, optimizer, step + 1, history) if rank == 0 else None
+            scalars[:2] /= world
+            self.noise.update(float(scalars[1]), norms[1], self.global_batch / world,
+                              self.global_batch)
+        self.history["losses"].append(float(scalars[0]))
+        self.history["step_times_s"].append(step_time)
+        self.unreported.append(step_time)
+        median_step = statistics.median(self.unreported)
+        metrics = {"step": step + 1, "loss": self.history["losses"][-1],
+                   "step_time_s": median_step, "samples_per_s": self.global_batch / median_step,
+                   **_projection(self.projection, self.noise, self.global_batch,
+                                 self.history["step_times_s"])}
+        checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
+        report_due = bool(scalars[2] > 0)
+        if checkpoint_due:
+            checkpoint = (_save(self.model, self.optimizer, step + 1, self.history)
+                          if self.rank == 0 else None)
             ray.train.report(metrics, checkpoint=checkpoint)
-        else:
+        elif report_due:
             ray.train.report(metrics)
-    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
-    me = {"rank": rank, "node_id": node_id,
-          "devices": [str(d) for d in devices]}
-    workers = [None] * world
-    if world > 1:
-        dist.all_gather_object(workers, me)
-    else:
-        workers = [me]
-    return {**history, "workers": workers,
-            "final_params": {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}}
+        if checkpoint_due or report_due:
+            self.last_report = time.monotonic()
+            self.unreported.clear()
+        return metrics
+
+    def result(self) -> dict:
+        """The run's history, where every worker ran, and the final parameters."""
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+        me = {"rank": self.rank, "node_id": node_id,
+              "devices": [str(d) for d in self.devices]}
+        workers = [None] * self.world
+        if self.world > 1:
+            dist.all_gather_object(workers, me)
+        else:
+            workers = [me]
+        return {**self.history, "workers": workers,
+                "final_params": {k: v.detach().cpu().numpy()
+                                 for k, v in self.model.state_dict().items()}}
+
+
+def train_loop_per_worker(config: dict) -> dict:
+    worker = HybridWorker(config)
+    for step in range(worker.start, worker.cfg.steps):
+        worker.train_step(step)
+    return worker.result()

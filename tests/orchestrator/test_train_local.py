@@ -43,3 +43,25 @@ def test_bad_configs_are_refused():
         TrainConfig(model="biglstm", dp_degree=2, num_micro_batches=2, global_batch=6)
     with pytest.raises(UserError, match="mp-degree=0"):
         TrainConfig(model="biglstm", mp_degree=0)
+
+
+@pytest.mark.parametrize("interval_s, reported", [(3600.0, [4, 6]), (0.0, [1, 2, 3, 4, 5, 6])])
+def test_reports_at_checkpoints_and_once_the_interval_has_passed(monkeypatch, tmp_path,
+                                                                 interval_s, reported):
+    import ray.train
+
+    from orchestrator.train import worker
+
+    calls = []
+    real_report = ray.train.report
+
+    def spy(metrics, checkpoint=None):
+        calls.append((metrics["step"], checkpoint is not None))
+        real_report(metrics, checkpoint=checkpoint)
+
+    monkeypatch.setattr(ray.train, "report", spy)
+    monkeypatch.setattr(worker, "REPORT_INTERVAL_S", interval_s)
+    run_local(TrainConfig(model="biglstm", steps=6, global_batch=8, checkpoint_every=4),
+              tmp_path)
+    assert [step for step, _ in calls] == reported
+    assert [step for step, with_checkpoint in calls if with_checkpoint] == [4, 6]
