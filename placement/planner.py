@@ -24,7 +24,7 @@ from placement.simulate import (
     memory_bytes,
     step_time_lower_bound,
 )
-from placement.tasks import TaskGraph, build_tasks, split_overhead
+from placement.tasks import TaskGraph, build_tasks, corun_slowdown, split_overhead
 
 
 class InfeasiblePlacementError(UserError):
@@ -105,7 +105,8 @@ def make_problem(graph: OpGraph, cluster: ClusterSpec, config: PlanConfig) -> Pr
     kind = cluster.device.name
     tg = build_tasks(graph, link=cluster.intra_node, device_kind=kind,
                      num_micro_batches=config.num_micro_batches, training=config.training,
-                     time_factor=split_overhead(graph, kind, config.num_devices))
+                     time_factor=split_overhead(graph, kind, config.num_devices),
+                     corun_slowdown=corun_slowdown(graph, kind, config.num_devices))
     cap = (config.device_memory_bytes or graph.metadata.get("device_memory_bytes")
            or cluster.device.memory_bytes)
     group_memory = memory_bytes(tg, np.arange(tg.num_groups), tg.num_groups,

@@ -3,7 +3,9 @@
 - Step time (makespan): each device runs one task at a time, non-preemptively, in its
   given order; a task starts when its device is free and every input has arrived (the
   producer's finish, plus the transfer time when it sits on another device). Transfers
-  do not occupy devices.
+  do not occupy devices. Devices that share a host (CPU threads) slow each other down:
+  while tasks run on two or more devices at once, each progresses at
+  1 / `TaskGraph.corun_slowdown` of its own rate.
 - Max-load (pipelined throughput): each device's task time, plus, for each task with a
   successor on another device, its send cost once on its own device and once on every
   other device holding a successor.
@@ -102,6 +104,23 @@ def evaluate_order(tg: TaskGraph, group_device: np.ndarray,
         missing = tg.tasks[int(np.flatnonzero(~seen)[0])]
         raise OrderError(f"the order leaves out task {missing}")
 
+    if tg.corun_slowdown != 1.0:
+        start, finish = _shared_host_times(tg, dev, order)
+    else:
+        start, finish = _times(tg, dev, next_on_device, has_prev)
+    return Schedule(start_s=start, finish_s=finish, device=dev,
+                    order=tuple(tuple(int(t) for t in ts) for ts in order))
+
+
+_DEADLOCK = ("the per-device order deadlocks: a task waits for one that is ordered after "
+             "it on another device")
+
+
+def _times(tg: TaskGraph, dev: np.ndarray, next_on_device: np.ndarray,
+           has_prev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and finish of every task when tasks take their own time wherever they run
+    (one pass in topological order)."""
+    n = tg.num_tasks
     indegree = np.bincount(tg.edge_dst, minlength=n) + has_prev
     ready_at = np.zeros(n)
     start = np.zeros(n)
@@ -126,10 +145,56 @@ def evaluate_order(tg: TaskGraph, group_device: np.ndarray,
             if indegree[nxt] == 0:
                 stack.append(nxt)
     if done < n:
-        raise OrderError("the per-device order deadlocks: a task waits for one that is "
-                         "ordered after it on another device")
-    return Schedule(start_s=start, finish_s=finish, device=dev,
-                    order=tuple(tuple(int(t) for t in ts) for ts in order))
+        raise OrderError(_DEADLOCK)
+    return start, finish
+
+
+def _shared_host_times(tg: TaskGraph, dev: np.ndarray,
+                       order: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Start and finish of every task when devices running at the same time slow each
+    other down (processor sharing): an event loop over task starts and finishes, as a
+    task's finish now depends on what the other devices do while it runs."""
+    n = tg.num_tasks
+    rate_shared = 1.0 / tg.corun_slowdown
+    waiting = np.bincount(tg.edge_dst, minlength=n)  # unfinished graph predecessors
+    ready_at = np.zeros(n)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    position = [0] * len(order)
+    running: dict[int, list] = {}  # device -> [task, work left]
+    now, done = 0.0, 0
+    while done < n:
+        heads = {d: ts[position[d]] for d, ts in enumerate(order)
+                 if d not in running and position[d] < len(ts)
+                 and waiting[ts[position[d]]] == 0}
+        for d, t in heads.items():
+            if ready_at[t] <= now:
+                start[t] = now
+                running[d] = [t, float(tg.duration_s[t])]
+        if not running:
+            if not heads:
+                raise OrderError(_DEADLOCK)
+            now = min(ready_at[t] for t in heads.values())
+            continue
+        rate = rate_shared if len(running) > 1 else 1.0
+        step = min(left for _, left in running.values()) / rate
+        arrivals = [ready_at[t] - now for d, t in heads.items() if d not in running]
+        step = min([step, *arrivals])
+        now += step
+        for d, entry in list(running.items()):
+            entry[1] -= step * rate
+            if entry[1] > 1e-12 * max(1.0, tg.duration_s[entry[0]]):
+                continue
+            t = entry[0]
+            del running[d]
+            finish[t] = now
+            position[d] += 1
+            done += 1
+            for succ, cost in tg.successors[t]:
+                waiting[succ] -= 1
+                ready_at[succ] = max(ready_at[succ],
+                                     now + (cost if dev[succ] != d else 0.0))
+    return start, finish
 
 
 def upward_rank(tg: TaskGraph, comm_weight: np.ndarray | float) -> np.ndarray:

@@ -52,6 +52,10 @@ class TaskGraph:
     """Per task: the cost of sending its output to another device (max over its edges);
     the max-load model charges it once on the sender and once per receiving device."""
     num_micro_batches: int
+    corun_slowdown: float = 1.0
+    """How much slower a task runs while a task of another device runs at the same time
+    (devices that share a host's cores, caches and memory bandwidth: CPU threads); 1
+    for devices that do not slow each other down. See `corun_slowdown`."""
 
     @property
     def num_tasks(self) -> int:
@@ -143,15 +147,27 @@ def split_overhead(graph: OpGraph, device_kind: str, num_devices: int) -> float:
     return float(graph.metadata.get("split_overhead", {}).get(device_kind, 1.0))
 
 
+def corun_slowdown(graph: OpGraph, device_kind: str, num_devices: int) -> float:
+    """How much slower a task of a split plan runs while another device's task runs:
+    the profiler's measured ratio (`metadata["corun_slowdown"][kind]`) for devices that
+    share one host, such as CPU threads; 1 where it was not measured (GPUs)."""
+    if num_devices <= 1:
+        return 1.0
+    return float(graph.metadata.get("corun_slowdown", {}).get(device_kind, 1.0))
+
+
 def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
                 num_micro_batches: int = 1, training: bool = True,
-                time_factor: float = 1.0) -> TaskGraph:
+                time_factor: float = 1.0, corun_slowdown: float = 1.0) -> TaskGraph:
     """Unroll `graph` into the tasks of one step on devices of `device_kind`.
 
     `training=False` drops implied backward tasks (inference); explicit backward ops of
     the peer format are kept either way, as the file describes them. Every task's time
-    is multiplied by `time_factor` (see `split_overhead`).
+    is multiplied by `time_factor` (see `split_overhead`); `corun_slowdown` is the
+    simulator's (see `TaskGraph.corun_slowdown`).
     """
+    if corun_slowdown < 1:
+        raise ValueError(f"corun_slowdown={corun_slowdown} must be >= 1")
     if num_micro_batches < 1:
         raise ValueError(f"num_micro_batches={num_micro_batches} must be >= 1")
     k = num_micro_batches
@@ -208,5 +224,5 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
         graph=graph, tasks=tuple(tasks), duration_s=np.asarray(duration),
         group=np.asarray(group, dtype=np.int64), group_ops=group_ops,
         edge_src=edge_src, edge_dst=edge_dst, edge_transfer_s=edge_cost,
-        send_s=send, num_micro_batches=k,
+        send_s=send, num_micro_batches=k, corun_slowdown=corun_slowdown,
     )

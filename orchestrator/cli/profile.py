@@ -64,5 +64,8 @@ def summary(graph: OpGraph, target: str) -> str:
         f"({source}), {md['batch'] / step.step_time:,.1f} samples/s",
         *([f"  split plans: x{md['split_overhead'][target]:.2f} per task (one autograd call "
            "per op, measured)"] if target in md.get("split_overhead", {}) else []),
+        *([f"  devices side by side: x{md['corun_slowdown'][target]:.2f} while two run at "
+           "once (threads of one host, measured)"]
+          if target in md.get("corun_slowdown", {}) else []),
         f"  profiled in {md['profile_seconds']:.1f} s",
     ])

@@ -10,6 +10,8 @@
   parameters excluded.
 - `measure_split_overhead`: how much slower a step runs when each op is its own
   executor task.
+- `measure_corun_slowdown`: how much slower that runs while another device thread of
+  this host works too.
 - `step_peak_bytes`: the peak of live memory over one whole training step.
 
 Everything but the timing runs on the meta device as well: FLOPs, bytes and memory are
@@ -18,7 +20,9 @@ exact without allocating a weight.
 
 from __future__ import annotations
 
+import copy
 import statistics
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -270,14 +274,7 @@ def measure_split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *,
     of the pairs' ratios (at least 10 pairs: one ratio is as noisy as the machine) is
     what the simulator multiplies a split plan's task times by
     (`placement.tasks.split_overhead`)."""
-    from orchestrator.runtime.executor import OpPartition, PlanExecutor
-
-    forward = [(op.id, "forward", 0) for op in part.ops]
-    backward = [(op.id, "backward", 0) for op in reversed(part.ops)]
-    # A second, idle device makes the executor run its split path.
-    executor = PlanExecutor(OpPartition(part.module, {op.id: op.nodes for op in part.ops}),
-                            {op.id: 0 for op in part.ops}, [forward + backward, []],
-                            [torch.device("cpu")] * 2, num_micro_batches=1)
+    executor = _split_executor(part, part.module)
     size = batch[0].shape[0] if batch and batch[0].dim() else 1
     plain: list[float] = []
     split: list[float] = []
@@ -300,6 +297,72 @@ def measure_split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *,
             progress()
     part.module.zero_grad(set_to_none=True)
     return statistics.median(s / p for s, p in zip(split, plain))
+
+
+def measure_corun_slowdown(part: Partition, batch: tuple[torch.Tensor, ...], *,
+                           repeats: int, warmup: int,
+                           progress: Callable[[], None] | None = None) -> float:
+    """How much slower the split step runs while a second device thread runs one too.
+
+    Devices that are threads of one host share its cores' caches, its memory bandwidth
+    and the interpreter lock, so a split plan's tasks run slower while another device
+    works (measured on the tiny BigLSTM: 4-8% longer tasks) than the profile, taken on
+    an idle host, says. Measured like `measure_split_overhead`: the split step alone,
+    then while a copy of the model runs split steps on threads of its own without a
+    pause; the second step of each is timed, and the median of at least 10 paired
+    ratios (at least 1: a neighbour cannot speed a task up) is the slowdown the
+    simulator applies while two devices run at once
+    (`placement.tasks.corun_slowdown`)."""
+    executor = _split_executor(part, part.module)
+    twin_module = copy.deepcopy(part.module)
+    twin = _split_executor(part, twin_module)
+    size = batch[0].shape[0] if batch and batch[0].dim() else 1
+    alone: list[float] = []
+    beside: list[float] = []
+
+    def timed_pair() -> float:
+        executor.step(batch, size)
+        part.module.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        executor.step(batch, size)
+        elapsed = time.perf_counter() - t0
+        part.module.zero_grad(set_to_none=True)
+        return elapsed
+
+    for rep in range(warmup + max(repeats, 10)):
+        alone_s = timed_pair()
+        running, stop = threading.Event(), threading.Event()
+
+        def neighbour() -> None:
+            while not stop.is_set():
+                twin.step(batch, size)
+                twin_module.zero_grad(set_to_none=True)
+                running.set()
+
+        thread = threading.Thread(target=neighbour, daemon=True)
+        thread.start()
+        running.wait()
+        beside_s = timed_pair()
+        stop.set()
+        thread.join()
+        if rep >= warmup:
+            alone.append(alone_s)
+            beside.append(beside_s)
+        if progress is not None:
+            progress()
+    return max(1.0, statistics.median(b / a for b, a in zip(beside, alone)))
+
+
+def _split_executor(part: Partition, module: torch.nn.Module):
+    """An executor running `module` (the partition's module or a copy) with every op
+    its own task on one device; a second, idle device makes it take its split path."""
+    from orchestrator.runtime.executor import OpPartition, PlanExecutor
+
+    forward = [(op.id, "forward", 0) for op in part.ops]
+    backward = [(op.id, "backward", 0) for op in reversed(part.ops)]
+    return PlanExecutor(OpPartition(module, {op.id: op.nodes for op in part.ops}),
+                        {op.id: 0 for op in part.ops}, [forward + backward, []],
+                        [torch.device("cpu")] * 2, num_micro_batches=1)
 
 
 def _scale(clean_s: float, shares: list[float]) -> float:

@@ -307,7 +307,8 @@ def coarse_task_graph(tg: TaskGraph, clusters: Sequence[Sequence[int]]
         graph=coarse.graph, tasks=tuple(tasks),
         duration_s=np.array([tg.duration_s[ts].sum() for ts in members]),
         group=group, group_ops=group_ops, edge_src=src, edge_dst=dst,
-        edge_transfer_s=cost, send_s=send, num_micro_batches=tg.num_micro_batches)
+        edge_transfer_s=cost, send_s=send, num_micro_batches=tg.num_micro_batches,
+        corun_slowdown=tg.corun_slowdown)
     coarse_tg.topological_order  # noqa: B018 - asserts the contraction stayed acyclic
     return coarse_tg, members
 

@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 
 import numpy as np
@@ -17,7 +18,7 @@ from placement.simulate import (
     max_load_lower_bound,
     step_time_lower_bound,
 )
-from placement.tasks import build_tasks, split_overhead
+from placement.tasks import build_tasks, corun_slowdown, split_overhead
 from tests.placement.helpers import chain_graph, dag
 
 UNIT_LINK = Link(latency_s=0.0, bandwidth_bytes_per_s=1.0)
@@ -77,6 +78,8 @@ def test_an_order_against_the_edges_is_refused():
     # device 0 runs op3 before op0 while device 1 runs op1 before op2: a deadlock
     with pytest.raises(OrderError, match="deadlock"):
         evaluate_order(tg, gd, [[3, 0], [1, 2]])
+    with pytest.raises(OrderError, match="deadlock"):  # the shared-host event loop too
+        evaluate_order(dataclasses.replace(tg, corun_slowdown=1.2), gd, [[3, 0], [1, 2]])
     with pytest.raises(OrderError, match="leaves out"):
         evaluate_order(tg, gd, [[0], [1, 2]])
 
@@ -157,3 +160,53 @@ def test_split_plans_pay_the_measured_task_overhead():
     # Everything on one of two devices: the split executor still runs, slower.
     one = list_schedule(split, np.zeros(split.num_groups, dtype=int), 2)
     assert one.step_time_s == pytest.approx(15.0)
+
+
+def test_devices_sharing_a_host_slow_each_other_down_while_both_run():
+    # Two independent ops on two devices, 1 s and 2 s of work (no backward).
+    g = dag([1.0, 2.0], [], cost=0.0)
+    g = OpGraph(ops=g.ops, edges=g.edges, metadata={"corun_slowdown": {"any": 1.5}})
+    assert corun_slowdown(g, "any", 1) == 1.0
+    assert corun_slowdown(g, "v100", 2) == 1.0
+    tg = build_tasks(g, link=UNIT_LINK, device_kind="any", training=False,
+                     corun_slowdown=corun_slowdown(g, "any", 2))
+    sched = evaluate_order(tg, place(tg, {0: 0, 1: 1}), [[0], [1]])
+    # Both run at 1/1.5 until the first ends at 1.5 s, with 1 s of the second's work
+    # done; the second runs its last second alone.
+    assert sched.finish_s.tolist() == pytest.approx([1.5, 2.5])
+    # On one device nothing runs beside anything.
+    assert evaluate_order(tg, place(tg, {0: 0, 1: 0}), [[0, 1]]).step_time_s == 3.0
+    with pytest.raises(ValueError, match="corun_slowdown"):
+        build_tasks(g, link=UNIT_LINK, device_kind="any", corun_slowdown=0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(), st.integers(2, 3), st.integers(1, 2), st.floats(1.0, 2.0),
+       st.randoms())
+def test_shared_host_schedules_are_feasible_and_between_the_plain_and_stretched_ones(
+        graph, k, micro, slowdown, rnd):
+    tg = tasks(graph, k=micro)
+    gd = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    order = list_schedule(tg, gd, k).order
+    plain = evaluate_order(tg, gd, order)
+    # A slowdown of (almost) 1 takes the event loop, which must agree with the plain pass.
+    near_one = evaluate_order(dataclasses.replace(tg, corun_slowdown=1 + 1e-12), gd, order)
+    assert near_one.start_s == pytest.approx(plain.start_s, abs=1e-9)
+    assert near_one.finish_s == pytest.approx(plain.finish_s, abs=1e-9)
+    shared = evaluate_order(dataclasses.replace(tg, corun_slowdown=slowdown), gd, order)
+    dev = shared.device
+    for s, d, c in zip(tg.edge_src, tg.edge_dst, tg.edge_transfer_s):
+        delay = c if dev[s] != dev[d] else 0.0
+        assert shared.start_s[d] >= shared.finish_s[s] + delay - 1e-9
+    for device_order in order:
+        for a, b in itertools.pairwise(device_order):
+            assert shared.start_s[b] >= shared.finish_s[a] - 1e-9
+    took = shared.finish_s - shared.start_s
+    assert np.all(took >= tg.duration_s - 1e-9)
+    assert np.all(took <= slowdown * tg.duration_s + 1e-9)
+    # Every task takes between its own time and `slowdown` times it, so the step lies
+    # between the plain schedule's and that of every task stretched by `slowdown`.
+    stretched = evaluate_order(dataclasses.replace(tg, duration_s=slowdown * tg.duration_s,
+                                                   edge_transfer_s=slowdown * tg.edge_transfer_s),
+                               gd, order)
+    assert plain.step_time_s - 1e-9 <= shared.step_time_s <= stretched.step_time_s + 1e-9
