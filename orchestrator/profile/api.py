@@ -11,9 +11,9 @@ import torch
 from tqdm import tqdm
 
 from orchestrator.models import ModelSpec, build
-from orchestrator.profile.costs import (OpCost, activation_bytes, measure_corun_slowdown,
-                                        measure_op, measure_split_overhead, op_signature,
-                                        reference_env, step_peak_bytes, time_ops)
+from orchestrator.profile.costs import (OpCost, activation_bytes, measure_op,
+                                        measure_split_costs, op_signature, reference_env,
+                                        step_peak_bytes, time_ops)
 from orchestrator.profile.roofline import Efficiency, op_time_s
 from orchestrator.profile.trace import Partition, partition as cut, trace
 from placement.cluster import A100, H100, V100, DeviceKind, preset as cluster_preset
@@ -73,7 +73,7 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     eff = efficiency or Efficiency()
     with _threads(1):
         env = reference_env(part, data)
-        steps = (3 * warmup + repeats + 2 * max(repeats, 10)) if timed else 0
+        steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
         with tqdm(total=len(part.ops) + steps, desc=f"profiling {spec.name}",
                   unit="step", disable=not progress, leave=False) as bar:
             costs: list[OpCost] = []
@@ -89,18 +89,16 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                                  progress=bar.update)
                 for cost, (f, b) in zip(costs, times):
                     cost.forward_s, cost.backward_s = f, b
-                overhead = measure_split_overhead(part, data, repeats=repeats,
-                                                  warmup=warmup, progress=bar.update)
-                slowdown = measure_corun_slowdown(part, data, repeats=repeats,
-                                                  warmup=warmup, progress=bar.update)
+                split = measure_split_costs(part, data, repeats=repeats, warmup=warmup,
+                                            progress=bar.update)
         memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, timed=timed, batch=batch,
                       target=target, extra_kinds=extra_kinds)
     metadata = dict(graph.metadata, **memory,
                     profile_seconds=round(time.perf_counter() - start, 3))
     if timed:
-        metadata["split_overhead"] = {"cpu": round(overhead, 4)}
-        metadata["corun_slowdown"] = {"cpu": round(slowdown, 4)}
+        metadata["split_overhead"] = {"cpu": round(split.overhead, 4)}
+        metadata["corun_slowdown"] = {"cpu": round(split.corun_slowdown, 4)}
     return OpGraph(ops=graph.ops, edges=graph.edges, name=graph.name, metadata=metadata)
 
 

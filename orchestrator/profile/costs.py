@@ -8,10 +8,9 @@
   which feed the roofline of `orchestrator.profile.roofline`; and the bytes it saves
   for the backward (activations), counted once per storage across the graph,
   parameters excluded.
-- `measure_split_overhead`: how much slower a step runs when each op is its own
-  executor task.
-- `measure_corun_slowdown`: how much slower that runs while another device thread of
-  this host works too.
+- `measure_split_costs`: how much slower a step runs when each op is its own
+  executor task, and how much slower again while another device thread of this host
+  works too.
 - `step_peak_bytes`: the peak of live memory over one whole training step.
 
 Everything but the timing runs on the meta device as well: FLOPs, bytes and memory are
@@ -258,26 +257,42 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
             for f, b in zip(fwd, bwd)]
 
 
-def measure_split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *,
-                           repeats: int, warmup: int,
-                           progress: Callable[[], None] | None = None) -> float:
-    """Step time with every op its own executor task, over the plain step's.
+@dataclass(frozen=True)
+class SplitCosts:
+    overhead: float
+    """Step time with every op its own executor task, over the plain step's."""
+    corun_slowdown: float
+    """The split step's time while another device thread runs one, over its time alone."""
 
-    A plan that splits a worker's ops over devices runs each op's forward and backward
-    as separate tasks (detached inputs, one `torch.autograd.backward` per op: see
-    `orchestrator.runtime.executor`), which costs fixed time per task that the plain
-    step does not pay. Measured here with every task on one device (so that no task
-    waits for another device), in pairs of split steps alternating with pairs of plain
-    steps so that both see the same load; only the second step of each pair is timed,
-    as a step that follows one of the other kind runs slower (other threads' memory and
-    caches) than one in a run of its own kind, which is what training does. The median
-    of the pairs' ratios (at least 10 pairs: one ratio is as noisy as the machine) is
-    what the simulator multiplies a split plan's task times by
-    (`placement.tasks.split_overhead`)."""
+
+def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
+                        repeats: int, warmup: int,
+                        progress: Callable[[], None] | None = None) -> SplitCosts:
+    """What a plan split over device threads pays that the op times do not show.
+
+    - Overhead: a split plan runs each op's forward and backward as separate tasks
+      (detached inputs, one `torch.autograd.backward` per op: see
+      `orchestrator.runtime.executor`), which costs fixed time per task that the plain
+      step does not pay. Measured with every task on one device, so that no task
+      waits for another device (`placement.tasks.split_overhead`).
+    - Co-run slowdown: device threads of one host share its caches, its memory
+      bandwidth and the interpreter lock, so their tasks run slower while another
+      device works (measured on the tiny BigLSTM: 4-8% longer tasks). Measured as the
+      split step's time while a copy of the model runs split steps on threads of its
+      own without a pause (`placement.tasks.corun_slowdown`); at least 1, as a
+      neighbour cannot speed a task up.
+
+    Each repetition runs a pair of plain steps, a pair of split steps and a pair of
+    split steps beside the neighbour, so that all three see the same load; only the
+    second step of each pair is timed, as a step that follows one of another kind runs
+    slower (other threads' memory and caches) than one in a run of its own kind, which
+    is what training does. Each figure is the median of at least 10 paired ratios:
+    one ratio is as noisy as the machine (ratios of two medians moved between 1.0 and
+    1.5 from call to call)."""
     executor = _split_executor(part, part.module)
+    twin_module = copy.deepcopy(part.module)
+    twin = _split_executor(part, twin_module)
     size = batch[0].shape[0] if batch and batch[0].dim() else 1
-    plain: list[float] = []
-    split: list[float] = []
 
     def plain_step() -> None:
         part.module(*batch).backward()
@@ -285,52 +300,18 @@ def measure_split_overhead(part: Partition, batch: tuple[torch.Tensor, ...], *,
     def split_step() -> None:
         executor.step(batch, size)
 
-    for rep in range(warmup + max(repeats, 10)):
-        for run, times in ((plain_step, plain), (split_step, split)):
-            for timed in (False, True):
-                part.module.zero_grad(set_to_none=True)
-                t0 = time.perf_counter()
-                run()
-                if timed and rep >= warmup:
-                    times.append(time.perf_counter() - t0)
-        if progress is not None:
-            progress()
-    part.module.zero_grad(set_to_none=True)
-    return statistics.median(s / p for s, p in zip(split, plain))
-
-
-def measure_corun_slowdown(part: Partition, batch: tuple[torch.Tensor, ...], *,
-                           repeats: int, warmup: int,
-                           progress: Callable[[], None] | None = None) -> float:
-    """How much slower the split step runs while a second device thread runs one too.
-
-    Devices that are threads of one host share its cores' caches, its memory bandwidth
-    and the interpreter lock, so a split plan's tasks run slower while another device
-    works (measured on the tiny BigLSTM: 4-8% longer tasks) than the profile, taken on
-    an idle host, says. Measured like `measure_split_overhead`: the split step alone,
-    then while a copy of the model runs split steps on threads of its own without a
-    pause; the second step of each is timed, and the median of at least 10 paired
-    ratios (at least 1: a neighbour cannot speed a task up) is the slowdown the
-    simulator applies while two devices run at once
-    (`placement.tasks.corun_slowdown`)."""
-    executor = _split_executor(part, part.module)
-    twin_module = copy.deepcopy(part.module)
-    twin = _split_executor(part, twin_module)
-    size = batch[0].shape[0] if batch and batch[0].dim() else 1
-    alone: list[float] = []
-    beside: list[float] = []
-
-    def timed_pair() -> float:
-        executor.step(batch, size)
+    def timed_pair(run: Callable[[], None]) -> float:
+        """Seconds of the second of two steps of `run`."""
+        part.module.zero_grad(set_to_none=True)
+        run()
         part.module.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        executor.step(batch, size)
+        run()
         elapsed = time.perf_counter() - t0
         part.module.zero_grad(set_to_none=True)
         return elapsed
 
-    for rep in range(warmup + max(repeats, 10)):
-        alone_s = timed_pair()
+    def beside_neighbour() -> float:
         running, stop = threading.Event(), threading.Event()
 
         def neighbour() -> None:
@@ -342,15 +323,22 @@ def measure_corun_slowdown(part: Partition, batch: tuple[torch.Tensor, ...], *,
         thread = threading.Thread(target=neighbour, daemon=True)
         thread.start()
         running.wait()
-        beside_s = timed_pair()
+        elapsed = timed_pair(split_step)
         stop.set()
         thread.join()
+        return elapsed
+
+    overheads: list[float] = []
+    slowdowns: list[float] = []
+    for rep in range(warmup + max(repeats, 10)):
+        plain, split, beside = timed_pair(plain_step), timed_pair(split_step), beside_neighbour()
         if rep >= warmup:
-            alone.append(alone_s)
-            beside.append(beside_s)
+            overheads.append(split / plain)
+            slowdowns.append(beside / split)
         if progress is not None:
             progress()
-    return max(1.0, statistics.median(b / a for b, a in zip(beside, alone)))
+    return SplitCosts(overhead=statistics.median(overheads),
+                      corun_slowdown=max(1.0, statistics.median(slowdowns)))
 
 
 def _split_executor(part: Partition, module: torch.nn.Module):

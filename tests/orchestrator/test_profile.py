@@ -142,6 +142,9 @@ def test_profiled_graph(graphs, name, tmp_path):
     # What one autograd call per op costs the executor, measured (projected kinds: no).
     assert set(graph.metadata["split_overhead"]) == {"cpu"}
     assert 0.5 < graph.metadata["split_overhead"]["cpu"] < 10
+    # How much two device threads of this host slow each other down, measured.
+    assert set(graph.metadata["corun_slowdown"]) == {"cpu"}
+    assert 1 <= graph.metadata["corun_slowdown"]["cpu"] < 10
     json.dumps([dict(op.attrs) for op in graph.ops])
     save_graph(graph, tmp_path / "g.json")
     again = load_graph(tmp_path / "g.json")

@@ -1,6 +1,7 @@
 """The worker loop in Ray Train's local mode (in-process, no Ray): fast checks that the
 plan's execution and the micro-batching leave the training trajectory unchanged."""
 
+import functools
 import time
 
 import numpy as np
@@ -9,13 +10,21 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import plan_worker
+from orchestrator.train.launch import plan_worker, profile_micro_batch
 from orchestrator.train.worker import train_loop_per_worker
 from placement.errors import UserError
 
 
+@functools.cache
+def _profile(model: str, micro_batch: int):
+    """One profile per model and micro-batch for the whole module (plans made from it
+    differ by degree and micro-batch count; profiling is most of these tests' time)."""
+    return profile_micro_batch(TrainConfig(model=model, global_batch=micro_batch))
+
+
 def run_local(cfg: TrainConfig, tmp_path, plan=None) -> dict:
-    plan = plan or plan_worker(cfg)
+    micro_batch = cfg.global_batch // cfg.dp_degree // cfg.num_micro_batches
+    plan = plan or plan_worker(cfg, micro=_profile(cfg.model, micro_batch))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "plan": plan.to_dict()},
