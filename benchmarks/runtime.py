@@ -4,8 +4,8 @@
    (1 core), for the tiny models, measured side by side, next to the simulator's
    predicted speedup from the profiled graph.
 2. Overhead against Ray Train's own DDP (`prepare_model`) at dp_degree=2, mp_degree=1:
-   both run in the same two Ray Train workers, alternating, on the same batches, with
-   the same optimizer.
+   both run in the same two Ray Train workers, a step of each in turn, on the same
+   batches, with the same optimizer.
 
     python -m benchmarks runtime [--models biglstm,inception_v3] [--batch 256]
 """
@@ -76,60 +76,52 @@ def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list
 def side_by_side_loop(config: dict) -> dict:
     """Our worker (`HybridWorker`, what `orchestrator train` runs) and Ray Train's own
     data parallelism (DDP from `prepare_model` on the original model) in the same
-    worker processes, alternating in runs of `steps` steps on the same batches. Two
-    separate runs land in different minutes of this host's drifting speed (the ratio
-    of two such runs moved between 1.01 and 1.14); alternating in one process pair
-    compares like with like."""
+    worker processes, one step of each in turn on the same batches. Two separate runs
+    land in different minutes of this host's drifting speed (the ratio of two such runs
+    moved between 1.01 and 1.14), and so did alternating runs of 10 steps (per-run
+    ratios 0.85-1.23); adjacent steps see the same machine."""
     import ray.train.torch
 
     from orchestrator.models import build
     from orchestrator.train.worker import HybridWorker
 
-    rounds, steps = config["rounds"], config["steps"]
     ours = HybridWorker(config)
     spec = build(ours.cfg.model, ours.cfg.preset, seed=ours.cfg.seed)
     model = ray.train.torch.prepare_model(spec.module)
     optimizer = torch.optim.SGD(model.parameters(), lr=ours.cfg.lr, momentum=0.9)
-    ours_s, ddp_s = [], []
-    for r in range(rounds):
-        # The first step of each run is not timed: a step right after the other
-        # loop's runs slower than in a run of its own (caches, allocator).
-        for i in range(steps + 1):
-            ours.train_step(r * (steps + 1) + i)
-        ours_s.append(statistics.median(ours.history["step_times_s"][-steps:]))
-        times = []
-        for i in range(steps + 1):
-            batch = ours.source.batch(r * (steps + 1) + i)
-            started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            model(*batch).backward()
-            optimizer.step()
-            times.append(time.perf_counter() - started)
-        ddp_s.append(statistics.median(times[1:]))
-    return {"ours_s": ours_s, "ddp_s": ddp_s}
+    ddp_s = []
+    for step in range(ours.cfg.steps):
+        ours.train_step(step)
+        batch = ours.source.batch(step)
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        model(*batch).backward()
+        optimizer.step()
+        ddp_s.append(time.perf_counter() - started)
+    return {"ours_s": ours.history["step_times_s"], "ddp_s": ddp_s}
 
 
-def ddp_overhead(model: str, batch_size: int, steps: int, rounds: int) -> dict:
-    """Our dp2 x mp1 step against Ray Train's DDP: the median over `rounds` of the
-    ratio of their median step times in one round."""
+def ddp_overhead(model: str, batch_size: int, steps: int, warmup: int = 5) -> dict:
+    """Our dp2 x mp1 step against Ray Train's DDP: the median of the ratios of
+    adjacent steps (after `warmup` pairs), with its interquartile range."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cfg = TrainConfig(model=model, dp_degree=2, global_batch=batch_size,
-                      steps=rounds * (steps + 1), checkpoint_every=10**9)
+                      steps=warmup + steps, checkpoint_every=10**9)
     times = TorchTrainer(
         side_by_side_loop,
-        train_loop_config={"train": cfg.to_dict(), "plan": plan_worker(cfg).to_dict(),
-                           "rounds": rounds, "steps": steps},
+        train_loop_config={"train": cfg.to_dict(), "plan": plan_worker(cfg).to_dict()},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(name=f"side-by-side-{model}",
                              storage_path=tempfile.mkdtemp(prefix="bench-runtime-")),
     ).fit().return_value
-    ratios = [a / b for a, b in zip(times["ours_s"], times["ddp_s"])]
-    return {"model": model, "batch": batch_size, "ours_s": statistics.median(times["ours_s"]),
-            "ddp_s": statistics.median(times["ddp_s"]), "ratio": statistics.median(ratios),
-            "low": min(ratios), "high": max(ratios)}
+    ours, theirs = times["ours_s"][warmup:], times["ddp_s"][warmup:]
+    quartiles = statistics.quantiles([a / b for a, b in zip(ours, theirs)], n=4)
+    return {"model": model, "batch": batch_size, "ours_s": statistics.median(ours),
+            "ddp_s": statistics.median(theirs), "ratio": quartiles[1],
+            "low": quartiles[0], "high": quartiles[2]}
 
 
 def main(argv: list[str]) -> None:
@@ -138,9 +130,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
     parser.add_argument("--rounds", type=int, default=8,
                         help="runs of 1 + 3 steps of each executor, alternating")
-    parser.add_argument("--ddp-steps", type=int, default=10, dest="ddp_steps",
-                        help="timed steps per run of each loop in the DDP comparison")
-    parser.add_argument("--ddp-rounds", type=int, default=8, dest="ddp_rounds")
+    parser.add_argument("--ddp-steps", type=int, default=100, dest="ddp_steps",
+                        help="timed steps of each in the DDP comparison")
     parser.add_argument("--skip-ddp", action="store_true", dest="skip_ddp")
     args = parser.parse_args(argv)
     models = args.models.split(",")
@@ -156,11 +147,11 @@ def main(argv: list[str]) -> None:
     if args.skip_ddp:
         return
     print("\n| model | global batch | ours (dp2 x mp1) ms | Ray Train DDP ms | ratio "
-          "(min-max over rounds) |")
+          "(interquartile range of step pairs) |")
     print("|---|---|---|---|---|")
     with ray_cluster(None):
         for model in models:
-            r = ddp_overhead(model, 16, args.ddp_steps, args.ddp_rounds)
+            r = ddp_overhead(model, 16, args.ddp_steps)
             print(f"| {model} | 16 | {r['ours_s'] * 1e3:.1f} | {r['ddp_s'] * 1e3:.1f} | "
                   f"{r['ratio']:.3f} ({r['low']:.2f}-{r['high']:.2f}) |", flush=True)
 
