@@ -83,7 +83,12 @@ def test_no_traceback_from_a_real_process(tmp_path):
 
 def test_plan_defaults_to_the_profiled_target(tmp_path, capsys):
     out = tmp_path / "g.json"
-    assert run_cli(["profile", "--model", "vgg16", "--repeats", "1", "--quiet",
-                    "--out", str(out)], capsys)[0] == 0
+    code, stdout, _ = run_cli(["profile", "--model", "vgg16", "--repeats", "1", "--quiet",
+                               "--out", str(out)], capsys)
+    assert code == 0
+    # A CPU profile says what splitting over this host's threads costs, as measured.
+    md = load_graph(out).metadata
+    assert f"split plans: x{md['split_overhead']['cpu']:.2f} per task" in stdout
+    assert f"devices side by side: x{md['corun_slowdown']['cpu']:.2f}" in stdout
     code, stdout, _ = run_cli(["plan", "--graph", str(out), "--devices", "2"], capsys)
     assert code == 0 and "device(s) of cpu" in stdout
