@@ -78,8 +78,8 @@ def side_by_side_loop(config: dict) -> dict:
     data parallelism (DDP from `prepare_model` on the original model) in the same
     worker processes, one step of each in turn on the same batches. Two separate runs
     land in different minutes of this host's drifting speed (the ratio of two such runs
-    moved between 1.01 and 1.14), and so did alternating runs of 10 steps (per-run
-    ratios 0.85-1.23); adjacent steps see the same machine."""
+    moved between 1.04 and 1.14), and so did alternating runs of 10 steps (per-run
+    ratios 0.85-1.48); adjacent steps see the same machine."""
     import ray.train.torch
 
     from orchestrator.models import build

@@ -74,6 +74,14 @@ def check_fits(cfg: TrainConfig, nodes: list[NodeResources]) -> None:
             f"{per_node}): use --dp {sum(per_node)} or less, or a smaller --mp")
 
 
+def micro_batch_size(cfg: TrainConfig) -> int:
+    """Samples in one micro-batch of a worker's share of the global batch."""
+    from orchestrator.models import build
+
+    global_batch = cfg.global_batch or build(cfg.model, cfg.preset, device="meta").batch
+    return max(1, global_batch // cfg.dp_degree // cfg.num_micro_batches)
+
+
 def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
     """The model's graph profiled on this machine at one micro-batch of a worker's share
     of the batch.
@@ -81,12 +89,10 @@ def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
     Profiling at the micro-batch, not at the worker's batch divided by K, keeps what a
     small batch costs per sample (fixed per-op overheads, less efficient kernels) in
     the plan's prediction."""
-    from orchestrator.models import build
     from orchestrator.profile import profile_model
 
-    global_batch = cfg.global_batch or build(cfg.model, cfg.preset, device="meta").batch
     return profile_model(cfg.model, preset=cfg.preset, target="cpu",
-                         batch=max(1, global_batch // cfg.dp_degree // cfg.num_micro_batches))
+                         batch=micro_batch_size(cfg))
 
 
 def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic",

@@ -1,7 +1,6 @@
 """The worker loop in Ray Train's local mode (in-process, no Ray): fast checks that the
 plan's execution and the micro-batching leave the training trajectory unchanged."""
 
-import functools
 import time
 
 import numpy as np
@@ -10,21 +9,25 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import plan_worker, profile_micro_batch
+from orchestrator.train.launch import micro_batch_size, plan_worker, profile_micro_batch
 from orchestrator.train.worker import train_loop_per_worker
 from placement.errors import UserError
 
 
-@functools.cache
-def _profile(model: str, micro_batch: int):
+_PROFILES: dict = {}
+
+
+def _profile(cfg: TrainConfig):
     """One profile per model and micro-batch for the whole module (plans made from it
     differ by degree and micro-batch count; profiling is most of these tests' time)."""
-    return profile_micro_batch(TrainConfig(model=model, global_batch=micro_batch))
+    key = (cfg.model, cfg.preset, micro_batch_size(cfg))
+    if key not in _PROFILES:
+        _PROFILES[key] = profile_micro_batch(cfg)
+    return _PROFILES[key]
 
 
 def run_local(cfg: TrainConfig, tmp_path, plan=None) -> dict:
-    micro_batch = cfg.global_batch // cfg.dp_degree // cfg.num_micro_batches
-    plan = plan or plan_worker(cfg, micro=_profile(cfg.model, micro_batch))
+    plan = plan or plan_worker(cfg, micro=_profile(cfg))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "plan": plan.to_dict()},
