@@ -302,12 +302,14 @@ class _StepState:
         if self.error is not None:
             raise _Failed
 
-    def _fetch(self, node: fx.Node, op: int, m: int, device: torch.device):
+    def _fetch(self, node: fx.Node, op: int, m: int, device: torch.device,
+               local: dict[str, object]):
+        """The value of `node` for op `op` (whose own values so far are `local`)."""
         ex = self.ex
         name = node.name
         producer = ex.op_of_node.get(name)
         if producer == op:
-            return self.values[m][name]
+            return local[name]
         if producer is not None:
             leaves = self.leaves.setdefault((op, m), {})
             if name not in leaves:
@@ -323,7 +325,7 @@ class _StepState:
     def _prologue(self, node: fx.Node, m: int, device: torch.device):
         with self.prologue_lock:
             if node.name not in self.prologue[m]:
-                fetch = lambda n: self._fetch(n, -1, m, device)  # noqa: E731
+                fetch = lambda n: self._fetch(n, -1, m, device, {})  # noqa: E731
                 with torch.no_grad():
                     self.prologue[m][node.name] = self.ex.calls[node.name](
                         fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
@@ -333,35 +335,45 @@ class _StepState:
         ex = self.ex
         autocast = (torch.autocast(device.type, dtype=ex.autocast_dtype)
                     if ex.autocast_dtype is not None else nullcontext())
-        values = self.values[m]
-        fetch = lambda n: self._fetch(n, op, m, device)  # noqa: E731
+        local: dict[str, object] = {}
+        fetch = lambda n: self._fetch(n, op, m, device, local)  # noqa: E731
         with autocast:
             for node in ex.op_nodes[op]:
                 if node.op == "placeholder":
-                    values[node.name] = _to(self.inputs[m][ex.placeholder_index[node.name]],
-                                            device)
+                    local[node.name] = _to(self.inputs[m][ex.placeholder_index[node.name]],
+                                           device)
                 elif node.op == "get_attr":
-                    values[node.name] = _get_attr(ex.gm, node.target)
+                    local[node.name] = _get_attr(ex.gm, node.target)
                 else:
-                    values[node.name] = ex.calls[node.name](
+                    local[node.name] = ex.calls[node.name](
                         fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
         if ex.loss_node is not None and ex.op_of_node.get(ex.loss_node) == op:
-            self.losses[m] = float(values[ex.loss_node].detach())
+            self.losses[m] = float(local[ex.loss_node].detach())
+        # Keep only what other ops and this op's backward read. Autograd saves what
+        # the backward needs by itself; holding every intermediate value to the end
+        # of the step grew the working set so much that Inception-V3's convolutions
+        # ran 26% slower than in a plain step.
+        for node, _readers, _is_output in ex.exported[op]:
+            self.values[m][node.name] = local[node.name]
 
     def _backward(self, op: int, m: int, device: torch.device) -> None:
         ex = self.ex
         tensors, grads = [], []
         for node, readers, is_output in ex.exported[op]:
+            value = self.values[m][node.name]
             total = None
             if is_output:
-                total = torch.full_like(self.values[m][node.name], 1.0 / ex.num_micro_batches)
+                total = torch.full_like(value, 1.0 / ex.num_micro_batches)
             for consumer in readers:
                 self._wait((consumer, True, m))
-                leaf = self.leaves.get((consumer, m), {}).get(node.name)
+                # Each reader's copy is read here once: drop it and its gradient.
+                leaf = self.leaves.get((consumer, m), {}).pop(node.name, None)
                 total = _add(total, _grads_of(leaf, device))
+            # Every reader has run its backward: the value is not read again.
+            del self.values[m][node.name]
             if total is None:
                 continue
-            for out, g in zip(_flat(self.values[m][node.name]), _flat(total)):
+            for out, g in zip(_flat(value), _flat(total)):
                 if isinstance(out, torch.Tensor) and out.requires_grad and g is not None:
                     tensors.append(out)
                     grads.append(g.to(out.dtype))
