@@ -2,12 +2,13 @@
 
 1. MP speedup: one worker's step on 2 devices (2 cores, one thread each) over 1 device
    (1 core), for the tiny models, measured side by side, next to the simulator's
-   predicted speedup from the profiled graph.
+   predicted speedup from the profiled graph; in several independent trials (profile,
+   plan, measure), as one trial's figures move with this shared host's load.
 2. Overhead against Ray Train's own DDP (`prepare_model`) at dp_degree=2, mp_degree=1:
    both run in the same two Ray Train workers, a step of each in turn, on the same
    batches, with the same optimizer.
 
-    python -m benchmarks runtime [--models biglstm,inception_v3] [--batch 256]
+    python -m benchmarks runtime [--models biglstm,inception_v3] [--batch 256] [--trials 5]
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ MICRO_BATCHES = (1, 2, 4)
 
 
 def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list[dict]:
-    """Measured and predicted step time at mp 1 and at mp 2 with each micro-batch count
-    K: one row per K. mp1 runs the whole batch on one device (what `orchestrator train`
-    does at mp 1). This machine's speed drifts by 10-40% within a second, so the
-    executors alternate in short runs: one untimed step (a step after another
-    executor's runs slower than in a run of its own, as training steps are) and
-    `steps` timed."""
+    """One trial: profile, plan and measure the step at mp 1 and at mp 2 with each
+    micro-batch count K; one row per K. mp1 runs the whole batch on one device (what
+    `orchestrator train` does at mp 1).
+
+    This machine's speed drifts by 10-40% within a second, so the executors alternate
+    in short runs: one untimed step (a step after another executor's runs slower than
+    in a run of its own, as training steps are) and `steps` timed. The measured
+    speedup is the median over the rounds of each round's ratio (adjacent runs see the
+    same machine), not the ratio of two medians taken over different moments."""
     torch.set_num_threads(1)
     part, spec = partition(model)
     batch = spec.make_batch(batch_size)
@@ -60,17 +64,45 @@ def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list
         OpPartition(part.module, {o.id: o.nodes for o in part.ops}), p.assignment, p.order,
         [torch.device("cpu")] * p.num_devices, num_micro_batches=p.num_micro_batches,
         batched=batched_inputs(spec.make_batch)) for name, p in plans.items()}
-    times: dict[object, list[float]] = {name: [] for name in executors}
+    times: dict[object, list[list[float]]] = {name: [] for name in executors}
     for _ in range(rounds):
         for name, ex in executors.items():
             step_s(ex, spec, batch, batch_size)
-            times[name] += [step_s(ex, spec, batch, batch_size) for _ in range(steps)]
-    mp1 = statistics.median(times["mp1"])
-    return [{"model": model, "batch": batch_size, "micro_batches": k, "mp1_s": mp1,
-             "mp2_s": statistics.median(times[k]),
-             "measured": mp1 / statistics.median(times[k]),
-             "predicted": plans["mp1"].step_time / plans[k].step_time}
-            for k in MICRO_BATCHES]
+            times[name].append([step_s(ex, spec, batch, batch_size) for _ in range(steps)])
+    mp1 = [statistics.median(run) for run in times["mp1"]]
+    rows = []
+    for k in MICRO_BATCHES:
+        mpk = [statistics.median(run) for run in times[k]]
+        measured = statistics.median(a / b for a, b in zip(mp1, mpk))
+        predicted = plans["mp1"].step_time / plans[k].step_time
+        rows.append({"model": model, "batch": batch_size, "micro_batches": k,
+                     "mp1_s": statistics.median(mp1), "mp2_s": statistics.median(mpk),
+                     "predicted_mp1_s": plans["mp1"].step_time,
+                     "predicted_mp2_s": plans[k].step_time,
+                     "measured": measured, "predicted": predicted,
+                     "error": (predicted - measured) / measured,
+                     "split_overhead": graphs[k].metadata["split_overhead"]["cpu"],
+                     "corun_slowdown": graphs[k].metadata["corun_slowdown"]["cpu"]})
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per model and K, over the trials: median measured and predicted speedups and
+    the median and range of the trials' prediction errors."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["batch"], r["micro_batches"]), []).append(r)
+    out = []
+    for (model, batch, k), trials in groups.items():
+        errors = [r["error"] for r in trials]
+        out.append({"model": model, "batch": batch, "micro_batches": k,
+                    "trials": len(trials),
+                    "measured": statistics.median(r["measured"] for r in trials),
+                    "predicted": statistics.median(r["predicted"] for r in trials),
+                    "error": statistics.median(errors),
+                    "error_low": min(errors), "error_high": max(errors),
+                    "within_5": sum(abs(e) <= 0.05 for e in errors)})
+    return out
 
 
 def side_by_side_loop(config: dict) -> dict:
@@ -128,6 +160,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.runtime")
     parser.add_argument("--models", default="biglstm,inception_v3")
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch for MP")
+    parser.add_argument("--trials", type=int, default=5,
+                        help="independent profile-plan-measure trials per model")
     parser.add_argument("--rounds", type=int, default=8,
                         help="runs of 1 + 3 steps of each executor, alternating")
     parser.add_argument("--ddp-steps", type=int, default=None, dest="ddp_steps",
@@ -136,15 +170,29 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--skip-ddp", action="store_true", dest="skip_ddp")
     args = parser.parse_args(argv)
     models = args.models.split(",")
-    print("| model | batch | K | mp1 measured ms | mp2 measured ms | measured speedup | "
-          "predicted speedup | prediction error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | batch | K | trial | mp1 ms measured (predicted) | mp2 ms measured "
+          "(predicted) | measured speedup | predicted speedup | prediction error | split "
+          "overhead | co-run slowdown |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for model in models:
         batch = args.batch if model == "biglstm" else max(8, args.batch // 32)
-        for r in mp_speedup(model, batch, args.rounds):
-            print(f"| {model} | {batch} | {r['micro_batches']} | {r['mp1_s'] * 1e3:.1f} | "
-                  f"{r['mp2_s'] * 1e3:.1f} | {r['measured']:.2f}x | {r['predicted']:.2f}x | "
-                  f"{(r['predicted'] - r['measured']) / r['measured']:+.1%} |", flush=True)
+        for trial in range(1, args.trials + 1):
+            for r in mp_speedup(model, batch, args.rounds):
+                rows.append(r)
+                print(f"| {model} | {batch} | {r['micro_batches']} | {trial} | "
+                      f"{r['mp1_s'] * 1e3:.1f} ({r['predicted_mp1_s'] * 1e3:.1f}) | "
+                      f"{r['mp2_s'] * 1e3:.1f} ({r['predicted_mp2_s'] * 1e3:.1f}) | "
+                      f"{r['measured']:.2f}x | {r['predicted']:.2f}x | {r['error']:+.1%} | "
+                      f"{r['split_overhead']:.2f} | {r['corun_slowdown']:.2f} |", flush=True)
+    print("\n| model | batch | K | trials | median measured speedup | median predicted "
+          "speedup | median prediction error (range) | trials within 5% |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in summarize(rows):
+        print(f"| {s['model']} | {s['batch']} | {s['micro_batches']} | {s['trials']} | "
+              f"{s['measured']:.2f}x | {s['predicted']:.2f}x | {s['error']:+.1%} "
+              f"({s['error_low']:+.1%} to {s['error_high']:+.1%}) | "
+              f"{s['within_5']} of {s['trials']} |", flush=True)
     if args.skip_ddp:
         return
     print("\n| model | global batch | ours (dp2 x mp1) ms | Ray Train DDP ms | ratio "

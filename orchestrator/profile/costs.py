@@ -274,7 +274,10 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
       (detached inputs, one `torch.autograd.backward` per op: see
       `orchestrator.runtime.executor`), which costs fixed time per task that the plain
       step does not pay. Measured with every task on one device, so that no task
-      waits for another device (`placement.tasks.split_overhead`).
+      waits for another device (`placement.tasks.split_overhead`); at least 1, as the
+      split step runs the plain step's kernels and more (medians of 0.95 and 0.99
+      came out on this noisy host, and made those trials' predictions 14% and 27%
+      optimistic).
     - Co-run slowdown: device threads of one host share its caches, its memory
       bandwidth and the interpreter lock, so their tasks run slower while another
       device works (measured on the tiny BigLSTM: 4-8% longer tasks). Measured as the
@@ -337,7 +340,7 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
             slowdowns.append(beside / split)
         if progress is not None:
             progress()
-    return SplitCosts(overhead=statistics.median(overheads),
+    return SplitCosts(overhead=max(1.0, statistics.median(overheads)),
                       corun_slowdown=max(1.0, statistics.median(slowdowns)))
 
 

@@ -141,7 +141,7 @@ def test_profiled_graph(graphs, name, tmp_path):
     assert all(e.bytes > 0 for e in graph.edges)
     # What one autograd call per op costs the executor, measured (projected kinds: no).
     assert set(graph.metadata["split_overhead"]) == {"cpu"}
-    assert 0.5 < graph.metadata["split_overhead"]["cpu"] < 10
+    assert 1 <= graph.metadata["split_overhead"]["cpu"] < 10
     # How much two device threads of this host slow each other down, measured.
     assert set(graph.metadata["corun_slowdown"]) == {"cpu"}
     assert 1 <= graph.metadata["corun_slowdown"]["cpu"] < 10
