@@ -151,8 +151,9 @@ def test_device_threads_outlive_steps_and_stop_with_the_executor():
 
 
 class Blocks(nn.Module):
-    """Blocks of three nodes whose first two outputs autograd does not save (a scalar
-    multiply and add save nothing): only the block outputs cross op boundaries."""
+    """Blocks of four nodes (linear, multiply, add, tanh) whose linear and multiply
+    outputs autograd does not save (a multiply by a scalar and an add save nothing):
+    only the block outputs cross op boundaries."""
 
     def __init__(self):
         super().__init__()
