@@ -276,7 +276,7 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
       step does not pay. Measured with every task on one device, so that no task
       waits for another device (`placement.tasks.split_overhead`); at least 1, as the
       split step runs the plain step's kernels and more (medians of 0.95 and 0.99
-      came out on this noisy host, and made those trials' predictions 14% and 27%
+      came out on this noisy host, in trials whose predictions were 14% and 27%
       optimistic).
     - Co-run slowdown: device threads of one host share its caches, its memory
       bandwidth and the interpreter lock, so their tasks run slower while another
