@@ -59,13 +59,12 @@ def _keep_freed_memory() -> None:
     device threads, each step's activations otherwise come back as fresh mmaps whose
     page faults cost as much system time as the ops save (measured: ~2,800 faults and
     10 ms of a 50 ms BigLSTM step). The top pad keeps a thread's arena from deleting
-    a 64 MB heap that a step's frees empty (glibc's heap_trim does so whatever the
-    trim threshold) and mapping a new one in the next step: a device thread whose
+    a 64 MB heap that frees have emptied (glibc's heap_trim does so whatever the trim
+    threshold) and mapping a new one as soon as it grows again: a device thread whose
     arena sat on that boundary took 16,000 page faults per Inception-V3 split step
-    (225 heaps mapped and unmapped in 12 steps, strace), and the profile measured a
+    (225 heaps mapped and unmapped in 48 steps, strace), and the profile measured a
     split overhead of 1.33-1.41 instead of 1.12-1.18; which thread that hit changed
-    from run to run. A no-op where the C library is
-    not glibc."""
+    from run to run. A no-op where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
