@@ -18,6 +18,7 @@ from orchestrator.sweep import (
     EXPERIMENT,
     METRIC,
     Candidate,
+    best_result,
     driver_resources,
     feasible,
     linear_lr,
@@ -219,7 +220,7 @@ def run_job(args: JobArgs) -> dict:
                      fake_gpus=fake_gpus, data=args.data, projection=projection,
                      max_concurrent=concurrent, time_budget_s=args.time_budget_s,
                      resume=args.resume, driver=driver)
-    best = grid.get_best_result(metric=METRIC, mode="min", filter_nan_and_inf=True)
+    best = best_result(list(grid), grid.experiment_path)
     winner = Candidate(**best.config["candidate"])
     status("4/6 sweep", f"best {winner.key()}: projected {best.metrics[METRIC]:.4g} s to "
                         f"target")

@@ -9,6 +9,7 @@ and passes `TuneReportCallback` in its RunConfig, so the workers' reports reach 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,22 @@ def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model:
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage, verbose=1),
     )
     return tuner.fit()
+
+
+def best_result(results: Sequence[tune.Result], where: str | Path) -> tune.Result:
+    """The trial of least projected time to accuracy. A sweep in which no trial got as
+    far as a report is refused, with the first trial error, rather than crowning a trial
+    that has no figure."""
+    reported = [r for r in results
+                if math.isfinite((r.metrics or {}).get(METRIC, math.nan))]
+    if reported:
+        return min(reported, key=lambda r: r.metrics[METRIC])
+    errors = [r.error for r in results if r.error is not None]
+    first = (f", the first with {type(errors[0]).__name__}: "
+             f"{str(errors[0]).strip().splitlines()[0][:200]}" if errors else "")
+    raise UserError(f"no trial of the sweep reported a result ({len(errors)} of "
+                    f"{len(results)} failed{first}): each trial's error.txt is under {where}; "
+                    f"fix the cause and run again with --resume")
 
 
 def max_concurrent_trials(candidates: Sequence[Candidate], nodes: Sequence[NodeResources],
