@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -48,14 +49,46 @@ def ray_head(tmp_path_factory):
                        timeout=120)
 
 
+def ray_cli(head, *args: str) -> str:
+    try:
+        result = subprocess.run([str(BIN / "ray"), *args], env=head["env"],
+                                capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return f"ray {' '.join(args)}: no answer in 120 s"
+    return result.stdout + result.stderr
+
+
+def cluster_state(head, submission_id: str) -> str:
+    """What holds the cluster: its resource usage, live placement groups and actors, and
+    the end of the job's log."""
+    api = f"--address={head['address']}"
+    return "\n".join([
+        ray_cli(head, "status", f"--address={head['gcs']}"),
+        ray_cli(head, "list", "placement-groups", api, "--filter", "state!=REMOVED"),
+        ray_cli(head, "list", "actors", api, "--filter", "state=ALIVE"),
+        ray_cli(head, "job", "logs", api, submission_id)[-4000:],
+    ])
+
+
 def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`ray job submit`, waiting for the job. A job still running at `timeout` is stopped
+    (the client giving up would leave it holding the cluster for every test after it) and
+    the test fails with what the cluster was holding."""
     # The head's job agent can take a while to register (and re-register under load):
     # Ray answers "No available agent" then, before the job exists, so retrying is safe.
     for _ in range(10):
-        result = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", f"--address={head['address']}",
-             "--working-dir", str(REPO), "--", "python", f"jobs/{job}", *args],
-            env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        submission_id = f"test-{uuid.uuid4().hex[:12]}"
+        try:
+            result = subprocess.run(
+                [str(BIN / "ray"), "job", "submit", f"--address={head['address']}",
+                 f"--submission-id={submission_id}", "--working-dir", str(REPO), "--",
+                 "python", f"jobs/{job}", *args],
+                env=head["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            state = cluster_state(head, submission_id)
+            ray_cli(head, "job", "stop", f"--address={head['address']}", submission_id)
+            pytest.fail(f"jobs/{job} {' '.join(args)} still ran after {timeout} s; "
+                        f"the cluster then:\n{state}")
         if "No available agent to submit job" not in result.stdout + result.stderr:
             return result
         time.sleep(6)
