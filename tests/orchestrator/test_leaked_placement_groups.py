@@ -127,4 +127,3 @@ def test_a_group_leaked_by_a_killed_driver_is_reclaimed_and_live_ones_are_kept(
         time.sleep(0.5)
     assert not_removed() == before  # the leaks gone, the live groups kept
     assert cpus_free() == pytest.approx(2 - 0.5 - 0.25)
-    ray.kill(ray.get_actor("keeper", namespace="leak-test"))
