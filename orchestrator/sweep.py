@@ -159,7 +159,7 @@ def best_result(results: Sequence[tune.Result], where: str | Path) -> tune.Resul
         return min(reported, key=lambda r: r.metrics[METRIC])
     errors = [r.error for r in results if r.error is not None]
     first = (f", the first with {type(errors[0]).__name__}: "
-             f"{str(errors[0]).strip().splitlines()[0][:200]}" if errors else "")
+             f"{next(iter(str(errors[0]).strip().splitlines()), '')[:200]}" if errors else "")
     raise UserError(f"no trial of the sweep reported a result ({len(errors)} of "
                     f"{len(results)} failed{first}): each trial's error.txt is under {where}; "
                     f"fix the cause and run again with --resume")
