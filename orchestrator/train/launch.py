@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,19 +58,21 @@ class PlacementGroupRecord:
     job_id: str
     state: str
     detached: bool
-    creator_actor_alive: bool
-    """False for a group a driver created: it has no creator actor."""
+    creator_actor_id: str | None
+    """None for a group a driver created, or whose creator the GCS has marked dead."""
     resources: Mapping[str, float]
     """Summed over its bundles."""
 
 
-def leaked(groups: list[PlacementGroupRecord],
-           dead_jobs: set[str]) -> list[PlacementGroupRecord]:
+def leaked(groups: list[PlacementGroupRecord], dead_jobs: set[str],
+           actor_alive: Callable[[str], bool]) -> list[PlacementGroupRecord]:
     """Groups whose creator is gone (Ray's lifetime rule: a group that is not detached
     lives as long as the actor or driver that created it, and no longer than its job)
-    but which still hold their bundles."""
+    but which still hold their bundles. `actor_alive` is asked only about the creators of
+    groups that are not detached and whose job has ended: each answer is a GCS lookup."""
     return [g for g in groups if g.state != "REMOVED" and not g.detached
-            and g.job_id in dead_jobs and not g.creator_actor_alive]
+            and g.job_id in dead_jobs
+            and (g.creator_actor_id is None or not actor_alive(g.creator_actor_id))]
 
 
 def placement_groups_not_removed() -> list[PlacementGroupRecord]:
@@ -80,7 +82,7 @@ def placement_groups_not_removed() -> list[PlacementGroupRecord]:
     # an ended job still uses from a leaked one. The table's creator_actor_dead flag is
     # not enough: a group registered after its creator's death was processed never gets
     # it (seen in 2 of 3 groups leaked by killed drivers), so the actor table decides.
-    from ray._private.state import actors, state
+    from ray._private.state import state
     from ray.core.generated import gcs_pb2
 
     table = gcs_pb2.PlacementGroupTableData
@@ -96,8 +98,7 @@ def placement_groups_not_removed() -> list[PlacementGroupRecord]:
         records.append(PlacementGroupRecord(
             pg_id=data.placement_group_id.hex(), job_id=data.creator_job_id.hex(),
             state=table.PlacementGroupState.Name(data.state), detached=data.is_detached,
-            creator_actor_alive=not data.creator_actor_dead and actors(
-                actor_id=data.creator_actor_id.hex()).get("State", "DEAD") != "DEAD",
+            creator_actor_id=None if data.creator_actor_dead else data.creator_actor_id.hex(),
             resources=resources))
     return records
 
@@ -109,12 +110,15 @@ def reclaim_leaked_placement_groups() -> list[str]:
     a group of two CPU bundles that the GCS registered 70 ms after "Marking job as
     finished" (CI's Ray logs), and the resumed sweep's trial waited for those CPUs for 30
     minutes. Returns one line per group removed."""
-    from ray._private.state import jobs
+    from ray._private.state import actors, jobs
     from ray.util.placement_group import PlacementGroup
+
+    def actor_alive(actor_id: str) -> bool:
+        return actors(actor_id=actor_id).get("State", "DEAD") != "DEAD"
 
     dead_jobs = {job["JobID"] for job in jobs() if job["IsDead"]}
     lines = []
-    for group in leaked(placement_groups_not_removed(), dead_jobs):
+    for group in leaked(placement_groups_not_removed(), dead_jobs, actor_alive):
         ray.util.remove_placement_group(
             PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group.pg_id))))
         held = ", ".join(f"{name} {amount:g}"

@@ -18,25 +18,31 @@ from orchestrator.train.launch import (
 )
 
 
-def record(pg_id, *, job="01000000", state="CREATED", detached=False,
-           creator_actor_alive=False):
+def record(pg_id, *, job="01000000", state="CREATED", detached=False, creator=None):
     return PlacementGroupRecord(pg_id=pg_id, job_id=job, state=state, detached=detached,
-                                creator_actor_alive=creator_actor_alive,
-                                resources={"CPU": 1.0})
+                                creator_actor_id=creator, resources={"CPU": 1.0})
 
 
 def test_only_groups_whose_job_and_creator_are_gone_are_leaked():
     groups = [
-        record("dead-creator-of-dead-job"),
+        record("dead-creator-of-dead-job", creator="dead-actor"),
+        record("driver-of-dead-job"),
         record("live-job", job="02000000"),
         record("detached", detached=True),
-        record("live-detached-actor-of-dead-job", creator_actor_alive=True),
+        record("live-detached-actor-of-dead-job", creator="live-actor"),
         record("already-removed", state="REMOVED"),
         record("pending", state="PENDING"),
     ]
-    assert [g.pg_id for g in leaked(groups, dead_jobs={"01000000"})] == [
-        "dead-creator-of-dead-job", "pending"]
-    assert leaked(groups, dead_jobs=set()) == []
+    asked = []
+
+    def actor_alive(actor_id):
+        asked.append(actor_id)
+        return actor_id == "live-actor"
+
+    assert [g.pg_id for g in leaked(groups, {"01000000"}, actor_alive)] == [
+        "dead-creator-of-dead-job", "driver-of-dead-job", "pending"]
+    assert leaked(groups, set(), actor_alive) == []
+    assert sorted(asked) == ["dead-actor", "live-actor"]  # only creators of ended jobs
 
 
 # A driver whose actor asks for placement groups without pause; killed, its job is marked
