@@ -10,7 +10,7 @@ import numpy as np
 import pyomo.environ as pyo
 
 from placement.milp.backends import Backend, SolveOptions, SolveResult
-from placement.planner import Problem
+from placement.problem import Problem
 
 
 @dataclass

@@ -47,7 +47,7 @@ from placement.simulate import (
     list_schedule,
     order_by_start,
 )
-from placement.planner import Problem
+from placement.problem import Problem
 from placement.tasks import Task, TaskGraph
 
 #: Most unordered task pairs with overlapping windows a model may carry; beyond it the

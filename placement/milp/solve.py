@@ -25,7 +25,7 @@ from placement.milp.incumbent import (
     worth_a_round,
 )
 from placement.plan import Plan
-from placement.planner import Problem, best_heuristic, finish_plan
+from placement.problem import Problem, best_heuristic, finish_plan
 from placement.refine import local_search
 from placement.simulate import device_loads
 
