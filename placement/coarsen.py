@@ -3,7 +3,8 @@
 A *cluster* is a set of placement groups (TaskGraph groups: colocation classes, each
 forward op with its backward) that the coarse graph keeps on one device. `contract`
 turns clusters into a coarse OpGraph: each cluster becomes one coarse op per phase
-(forward ops, explicit backward ops), whose time is the sum of its members' times,
+(forward ops, explicit backward ops), or, when the cluster is not convex, one per convex
+piece of it (so the coarse graph is always a DAG), whose time is the sum of its members' times,
 and whose edges carry the largest transfer among the fine edges they stand for. Every
 coarse op keeps the fine ops it stands for, so a coarse placement expands back.
 
@@ -114,8 +115,9 @@ def refine_clusters(tg: TaskGraph, clusters: Sequence[Sequence[int]],
 
 def contract(tg: TaskGraph, clusters: Sequence[Sequence[int]]) -> Coarsening:
     """The coarse graph of `clusters` (each a list of groups of `tg`; together a
-    partition of the groups). Raises GraphError when a cluster is not convex, i.e.
-    contracting it would close a cycle."""
+    partition of the groups): one coarse op per cluster and phase where that keeps a
+    DAG, else per convex piece of it (see `_pieces`); a cluster's pieces share one
+    colocation group, so the cluster is still placed as one unit."""
     fine = tg.graph
     seen = sorted(g for c in clusters for g in c)
     if seen != list(range(tg.num_groups)):
@@ -125,28 +127,53 @@ def contract(tg: TaskGraph, clusters: Sequence[Sequence[int]]) -> Coarsening:
         for g in groups:
             for op in tg.group_ops[g]:
                 cluster_of_op[op] = c
+    try:
+        return _contract(fine, {op.id: (cluster_of_op[op.id], op.is_backward, 0)
+                                for op in fine.ops})
+    except GraphError:
+        # A cluster that is not convex (a path leaves it and comes back, as through a
+        # colocation group that spans time steps) closes a cycle: split it.
+        return _contract(fine, _pieces(fine, cluster_of_op))
+
+
+def _pieces(fine: OpGraph, cluster_of_op: Mapping[int, int]) -> dict[int, tuple]:
+    """Per op: (cluster, phase, level), where an op's level is the most changes of
+    (cluster, phase) along any path into it. Every edge between two pieces raises the
+    level, so contracting the pieces cannot close a cycle."""
+    key = {op.id: (cluster_of_op[op.id], op.is_backward) for op in fine.ops}
+    level: dict[int, int] = {}
+    for v in fine.topological_order:
+        level[v] = max((level[u] + (key[u] != key[v]) for u in fine.predecessors[v]),
+                       default=0)
+    return {op: (*key[op], level[op]) for op in key}
+
+
+def _contract(fine: OpGraph, piece_of_op: Mapping[int, tuple]) -> Coarsening:
+    """Each piece (cluster, phase, level) of `piece_of_op` as one coarse op; raises
+    GraphError when that closes a cycle."""
     kinds = sorted({k for op in fine.ops for k in (*op.forward_s, *op.backward_s)})
-    by_key: dict[tuple[int, bool], list[Op]] = {}
+    by_key: dict[tuple, list[Op]] = {}
     for op in fine.ops:
-        by_key.setdefault((cluster_of_op[op.id], op.is_backward), []).append(op)
+        by_key.setdefault(piece_of_op[op.id], []).append(op)
     coarse_id = {key: i for i, key in enumerate(by_key)}
     coarse_of_op = {op.id: coarse_id[key] for key, ops in by_key.items() for op in ops}
 
     fine_succ = fine.successors
     ops = []
     for key, members in by_key.items():
+        cluster, backward = key[0], key[1]
         leaving = [op for op in members
                    if any(coarse_of_op[s] != coarse_id[key] for s in fine_succ[op.id])]
         transfers = [op.transfer_s for op in leaving if op.transfer_s is not None]
         ops.append(Op(
-            id=coarse_id[key], name=f"cluster{key[0]}" + (".backward" if key[1] else ""),
+            id=coarse_id[key], name=f"cluster{cluster}" + (".backward" if backward else ""),
             forward_s=_sum_times(members, kinds, backward=False),
             backward_s=_sum_times(members, kinds, backward=True),
-            is_backward=key[1],
+            is_backward=backward,
             output_bytes=max((op.output_bytes for op in leaving), default=0.0),
             param_bytes=sum(op.param_bytes for op in members),
             activation_bytes=sum(op.activation_bytes for op in members),
-            colocation=f"cluster{key[0]}",
+            colocation=f"cluster{cluster}",
             transfer_s=max(transfers) if transfers else None,
         ))
     edges: dict[tuple[int, int], list[Edge]] = {}
@@ -169,12 +196,3 @@ def _sum_times(ops: Sequence[Op], kinds: Sequence[str], *, backward: bool) -> di
     if not any(op.backward_s if backward else op.forward_s for op in ops):
         return {}
     return {k: sum(op.time_s(k, backward) for op in ops) for k in kinds}
-
-
-def is_convex(tg: TaskGraph, clusters: Sequence[Sequence[int]]) -> bool:
-    """Whether `contract(tg, clusters)` yields a DAG."""
-    try:
-        contract(tg, clusters)
-    except GraphError:
-        return False
-    return True

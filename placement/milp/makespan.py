@@ -29,7 +29,6 @@ import pyomo.environ as pyo
 
 from placement import heuristics
 from placement.coarsen import chain_clusters, contract, interval_clusters
-from placement.graph import GraphError
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.incumbent import (
     Incumbent,
@@ -267,8 +266,9 @@ def solution(m: pyo.ConcreteModel,
 def coarse_task_graph(tg: TaskGraph, clusters: Sequence[Sequence[int]]
                       ) -> tuple[TaskGraph, list[list[int]]]:
     """Contract each cluster's tasks of one phase and micro-batch into one coarse task
-    (its members run back to back); returns the coarse graph and each coarse task's
-    fine tasks in topological order. Raises GraphError when that closes a cycle."""
+    (its members run back to back; a cluster that is not convex becomes several coarse
+    tasks, see `contract`); returns the coarse graph and each coarse task's fine tasks
+    in topological order."""
     coarse = contract(tg, clusters)
     coarse_of_op = {f: c for c, fs in coarse.members.items() for f in fs}
     cluster_of_op = {op: c for c, groups in enumerate(clusters)
@@ -367,11 +367,7 @@ def _level(tg: TaskGraph, k: int, problem: Problem,
     candidates = [chain_clusters(tg, float(tg.duration_s.sum()) / k / 4)]
     candidates += [interval_clusters(tg, n) for n in (60, 40, 24, 12)]
     for clusters in candidates:
-        try:
-            ctg, _ = coarse_task_graph(tg, clusters)
-        except GraphError:
-            continue
-        if pairs(ctg) <= MAX_PAIRS:
+        if pairs(coarse_task_graph(tg, clusters)[0]) <= MAX_PAIRS:
             break
     return clusters, f"{len(clusters)} clusters"
 
