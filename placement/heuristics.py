@@ -15,11 +15,59 @@ def single_device(tg: TaskGraph) -> np.ndarray:
     return np.zeros(tg.num_groups, dtype=np.int64)
 
 
+#: Most assignments the memory-first search tries before it gives up.
+MEMORY_SEARCH_NODES = 200_000
+
+
+def memory_first(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
+                 memory_cap: float) -> np.ndarray:
+    """A placement chosen for memory alone, for caps so tight that the time-driven
+    placers run out of room: groups by decreasing memory, each on the device with the
+    least used (worst-fit decreasing); where that breaks the cap, a depth-first search
+    over the same order (devices of equal use tried once) for one that fits, within
+    MEMORY_SEARCH_NODES steps. Returns the worst-fit placement if none is found."""
+    order = np.argsort(-group_memory, kind="stable").tolist()
+    group_device = np.zeros(tg.num_groups, dtype=np.int64)
+    used = np.zeros(num_devices)
+    for g in order:
+        d = int(np.argmin(used))
+        group_device[g] = d
+        used[d] += group_memory[g]
+    if used.max() <= memory_cap:
+        return group_device
+    found = group_device.copy()
+    used[:] = 0.0
+    budget = [MEMORY_SEARCH_NODES]
+
+    def place(i: int) -> bool:
+        if i == len(order):
+            return True
+        g = order[i]
+        tried = set()
+        for d in np.argsort(used, kind="stable").tolist():
+            if used[d] + group_memory[g] > memory_cap or used[d] in tried:
+                continue
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            tried.add(used[d])
+            used[d] += group_memory[g]
+            found[g] = d
+            if place(i + 1):
+                return True
+            used[d] -= group_memory[g]
+        return False
+
+    return found if place(0) else group_device
+
+
 def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
          memory_cap: float) -> np.ndarray:
     """HEFT (Topcuoglu et al. 2002): tasks by upward rank with average transfer costs;
     each group goes to the device where its first scheduled task finishes earliest
-    (insertion into idle gaps), among devices with memory left for it."""
+    (insertion into idle gaps), among devices with memory left for it (the one with the
+    most memory left when none has: greedy can run out where a placement fits, and
+    the caller drops a placement that breaks the cap)."""
     average_comm = (num_devices - 1) / num_devices
     group_device = np.full(tg.num_groups, -1, dtype=np.int64)
     used = np.zeros(num_devices)
@@ -31,9 +79,9 @@ def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
         if group_device[g] >= 0:
             candidates = [int(group_device[g])]
         else:
-            candidates = [d for d in range(num_devices)
-                          if used[d] + group_memory[g] <= memory_cap]
-            assert candidates, "the planner checks that every group fits somewhere"
+            candidates = ([d for d in range(num_devices)
+                           if used[d] + group_memory[g] <= memory_cap]
+                          or [int(np.argmin(used))])
         best = None
         for d in candidates:
             ready = max((finish[p] + (c if dev_of_task[p] != d else 0.0)
@@ -69,7 +117,9 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
     """The max-load-optimal split of the group sequence into at most `num_devices`
     consecutive intervals, by dynamic programming over interval costs (PipeDream's
     idea). An interval's max-load is its own: its work, the send cost of each of its
-    tasks with a successor outside, and the send cost of each outside task feeding it."""
+    tasks with a successor outside, and the send cost of each outside task feeding it.
+    When no split fits `memory_cap`, the best split regardless of memory (the caller
+    drops a placement that breaks the cap)."""
     seq = group_sequence(tg)
     n = len(seq)
     tasks_of_group: list[list[int]] = [[] for _ in range(tg.num_groups)]
@@ -87,7 +137,8 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
             candidates = np.maximum(best[c - 1, :j], cost[:j, j])
             i = int(np.argmin(candidates))
             best[c, j], cut[c, j] = candidates[i], i
-    assert np.isfinite(best[num_devices, n]), "the planner checks that memory fits"
+    if not np.isfinite(best[num_devices, n]):
+        return contiguous_split(tg, num_devices, group_memory, np.inf)
     group_device = np.empty(tg.num_groups, dtype=np.int64)
     j, c = n, num_devices
     while j > 0:

@@ -23,9 +23,14 @@ class Plan:
     value: float
     lower_bound: float
     solver: str
-    """What produced the plan, e.g. 'heuristic:heft' or 'highs'."""
+    """Who made the plan: a MILP solver ('highs', 'cbc', 'glpk'), or the baseline placer
+    it came from ('heuristic:heft', 'heuristic:heft + local search'), even when a
+    solver ran and found nothing better (its notes say so)."""
     status: str
-    """'optimal', 'feasible' (a plan, gap not closed), 'time_limit', or 'heuristic'."""
+    """'optimal' (proven within the configured gap, whoever made it); else 'feasible' (a
+    MILP solver's plan, gap not closed), 'time_limit' (a MILP solver's plan when the
+    time ran out or its answer failed a check), or 'heuristic' (a baseline placer's
+    plan, maybe refined by local search)."""
     solve_seconds: float
     num_devices: int
     num_micro_batches: int

@@ -179,7 +179,21 @@ def heuristic_placements(problem: Problem) -> dict[str, np.ndarray]:
         "heft": heuristics.heft(tg, k, problem.group_memory, problem.memory_cap),
         "contiguous-dp": heuristics.contiguous_split(tg, k, problem.group_memory,
                                                      problem.memory_cap),
+        "memory-first": heuristics.memory_first(tg, k, problem.group_memory,
+                                                problem.memory_cap),
     }
+
+
+def _devices_that_fit(problem: Problem) -> int:
+    """The fewest devices on which the memory-first placer fits the groups."""
+    k = problem.num_devices
+    while True:
+        k += 1
+        group_device = heuristics.memory_first(problem.tg, k, problem.group_memory,
+                                               problem.memory_cap)
+        used = np.bincount(group_device, weights=problem.group_memory, minlength=k)
+        if used.max() <= problem.memory_cap:
+            return k
 
 
 def best_heuristic(problem: Problem) -> tuple[str, np.ndarray, float]:
@@ -190,5 +204,11 @@ def best_heuristic(problem: Problem) -> tuple[str, np.ndarray, float]:
                            minlength=problem.num_devices)
         if used.max() <= problem.memory_cap:
             fits[name] = (group_device, problem.evaluate(group_device))
+    if not fits:
+        raise InfeasiblePlacementError(
+            f"no placement the planner tried keeps each of the {problem.num_devices} "
+            f"devices within {problem.memory_cap:.4g} bytes (the ops need "
+            f"{problem.group_memory.sum():.4g} in all): use at least "
+            f"{_devices_that_fit(problem)} devices or devices with more memory")
     name = min(fits, key=lambda n: fits[n][1])
     return name, fits[name][0], fits[name][1]

@@ -23,6 +23,10 @@ class Incumbent:
     order: list[list[int]] | None = None
     """Per device task order that gives `value`; None: a list schedule gives it."""
     notes: list[str] = field(default_factory=list)
+    rejected: bool = False
+    """A solver's answer failed a check: its claims (optimality, bound) do not count."""
+    stage: str = "heuristic start"
+    """What the solve is doing now, named in the warning if it fails."""
 
     def offer(self, group_device: np.ndarray, value: float, source: str,
               order: list[list[int]] | None = None) -> bool:
@@ -67,16 +71,21 @@ def placement_fits(problem: Problem, group_device: np.ndarray, incumbent: Incumb
             or used.max() > problem.memory_cap * (1 + 1e-9)):
         incumbent.notes.append(f"warning: {backend.name} returned a placement that breaks "
                                "the device count or memory caps; ignored it")
+        incumbent.rejected = True
         return False
     return True
 
 
 def believable(claimed: float, simulated: float, incumbent: Incumbent,
                backend: Backend) -> bool:
-    """Whether the simulator confirms the solver's objective (it may only be lower)."""
+    """Whether the simulator confirms the solver's objective (it may only be lower). If
+    not, the solver's claims do not count; its placement is still judged by the
+    simulator, like any other."""
     if simulated > claimed * (1 + 1e-4):
         incumbent.notes.append(
             f"warning: {backend.name} claimed {claimed:.6g} but the simulator gives "
-            f"{simulated:.6g}; ignored the solver's plan")
+            f"{simulated:.6g}; its bound and status are ignored, its placement is kept "
+            "only if the simulator finds it better")
+        incumbent.rejected = True
         return False
     return True

@@ -326,6 +326,7 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
         return schedule.step_time_s, last + 1e-9 * busy_time(tg, gd, k)
 
     def refine(share: float) -> None:
+        incumbent.stage = "local search"
         until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
         gd, value = local_search(incumbent.group_device, score, num_devices=k,
                                  group_memory=problem.group_memory,
@@ -335,7 +336,18 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
     refine(REFINE_SHARE)
+    if tg.corun_slowdown > 1:
+        incumbent.notes.append(
+            f"the step-time MILP leaves out the x{tg.corun_slowdown:.3g} co-run slowdown "
+            "of devices sharing a host: the simulator judges its plans, and its bound is "
+            "that of the relaxation")
+    incumbent.stage = "coarsening"
     clusters, label = _level(tg, k, problem, incumbent)
+    if clusters == []:
+        incumbent.notes.append(f"the step-time model is too large to solve ({label}, "
+                               f"more than {MAX_PAIRS}): kept local search's plan")
+        refine(1.0)
+        return -math.inf, "time_limit"
     if clusters is None:
         ctg, members = tg, [[t] for t in range(tg.num_tasks)]
         unit_of_group = np.arange(tg.num_groups)
@@ -357,7 +369,8 @@ def _level(tg: TaskGraph, k: int, problem: Problem,
            incumbent: Incumbent) -> tuple[list[list[int]] | None, str]:
     """What to solve: the fine graph (None) when its model has at most MAX_PAIRS order
     decisions, else the finest clustering (chains, then ever fewer intervals) whose
-    coarse model does; the coarsest when none does."""
+    coarse model does; nothing (an empty list) when none does, as a model that large
+    takes minutes to build and hand to the solver."""
     def pairs(ctg: TaskGraph) -> int:
         head, tail = heads_tails(ctg)
         return len(order_pairs(ctg, head, tail, incumbent.value))
@@ -367,9 +380,10 @@ def _level(tg: TaskGraph, k: int, problem: Problem,
     candidates = [chain_clusters(tg, float(tg.duration_s.sum()) / k / 4)]
     candidates += [interval_clusters(tg, n) for n in (60, 40, 24, 12)]
     for clusters in candidates:
-        if pairs(coarse_task_graph(tg, clusters)[0]) <= MAX_PAIRS:
-            break
-    return clusters, f"{len(clusters)} clusters"
+        count = pairs(coarse_task_graph(tg, clusters)[0])
+        if count <= MAX_PAIRS:
+            return clusters, f"{len(clusters)} clusters"
+    return [], f"{count} order decisions on {len(clusters)} clusters"
 
 
 def _cluster_memory(problem: Problem, clusters: list[list[int]]) -> np.ndarray:
@@ -396,6 +410,7 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                  <= problem.memory_cap]
     schedule, start_device = min(schedules, key=lambda x: x[0].step_time_s)
     # Only plans that beat the incumbent matter: its value bounds the time windows.
+    incumbent.stage = f"model build ({label})"
     data = makespan_data(ctg, unit_of_group, k, unit_memory, problem.memory_cap,
                          incumbent.value, problem.lower_bound())
     model = build_makespan(data)
@@ -405,12 +420,19 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     options = SolveOptions(time_limit_s=max(left, 0.5), gap=problem.config.gap,
                            threads=problem.config.threads,
                            cutoff=incumbent.value / data.scale if fine else None)
+    incumbent.stage = f"solve ({label})"
     result = run_checked(backend, model, options, incumbent)
     found = solution(model, data) if result.has_solution else None
     if result.has_solution and found is None:
         incumbent.notes.append(f"warning: {backend.name} returned a partial solution; "
                                "ignored it")
+    # Devices that share a host slow each other down while both run; the model leaves
+    # that out, so it is a relaxation: its claim may be lower than the simulator's, and
+    # its bound still holds (a slowdown only delays tasks).
+    relaxed = tg.corun_slowdown > 1
+    trusted = True
     if found is not None:
+        incumbent.stage = f"expansion ({label})"
         unit_device, start = found
         claimed = model.C.value * data.scale
         group_device = (unit_device if fine else _expand_groups(unit_device, clusters,
@@ -424,14 +446,16 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
             # Start times within the solver's tolerance can put a task just before
             # its zero-length predecessor; the placement stands, with a list schedule.
             value, order = math.inf, None
-        if fine and order is not None and not believable(claimed, value, incumbent, backend):
-            return -math.inf, "time_limit"
+        if fine and order is not None and not relaxed:
+            trusted = believable(claimed, value, incumbent, backend)
         if order is not None:
             incumbent.offer(group_device, value, f"{backend.name} ({label})", order)
         listed = list_schedule(tg, group_device, k).step_time_s
         incumbent.offer(group_device, listed, f"{backend.name} ({label}) + list schedule")
+    if not trusted:
+        return -math.inf, "time_limit"
     bound = result.lower_bound * data.scale if fine else -math.inf
-    if fine and result.status == "optimal":
+    if fine and result.status == "optimal" and not relaxed:
         return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
     return bound, "time_limit"
 

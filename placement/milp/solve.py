@@ -35,6 +35,8 @@ MAX_LOAD_FINE_GROUPS = 120
 COARSE_SHARE = 0.35
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
+#: How a plan's source starts when a baseline placer (maybe refined) made it.
+HEURISTIC = "heuristic:"
 
 
 def solve_plan(problem: Problem, solver: str,
@@ -45,22 +47,45 @@ def solve_plan(problem: Problem, solver: str,
     backend = choose_backend(solver, backends)
     deadline = started + problem.config.time_limit_s
     name, group_device, value = best_heuristic(problem)
-    incumbent = Incumbent(group_device, value, f"heuristic:{name}")
-    if problem.config.objective == "max-load":
-        bound, status = _max_load(problem, backend, incumbent, deadline)
-    else:
-        bound, status = _makespan(problem, backend, incumbent, deadline)
+    incumbent = Incumbent(group_device, value, f"{HEURISTIC}{name}")
+    solve = _max_load if problem.config.objective == "max-load" else _makespan
+    try:
+        if value - problem.lower_bound() <= problem.config.gap * value:
+            # The analytic bound already proves the heuristic (one device, say).
+            bound, status = problem.lower_bound(), "optimal"
+        else:
+            bound, status = solve(problem, backend, incumbent, deadline)
+    except Exception as exc:  # noqa: BLE001 - an internal failure is not the user's
+        incumbent.notes.append(
+            f"warning: the {problem.config.objective} MILP failed in its {incumbent.stage} "
+            f"stage ({type(exc).__name__}: {exc}); kept the best plan so far")
+        bound, status = -math.inf, "time_limit"
+    by_solver = not incumbent.source.startswith(HEURISTIC)
+    if incumbent.rejected:
+        bound, status = -math.inf, "time_limit"
     bound = min(max(bound, problem.lower_bound()), incumbent.value)
-    if status != "optimal" and incumbent.value - bound <= problem.config.gap * incumbent.value:
-        status = "optimal"
+    closed = incumbent.value - bound <= problem.config.gap * incumbent.value
+    elapsed = time.perf_counter() - started
     notes = list(incumbent.notes)
-    if status == "time_limit":
+    if closed and not incumbent.rejected:
+        status = "optimal"
+    else:
+        out_of_time = elapsed >= 0.9 * problem.config.time_limit_s
+        status = ("heuristic" if not by_solver
+                  else "time_limit" if incumbent.rejected or out_of_time else "feasible")
         gap = (incumbent.value - bound) / incumbent.value if incumbent.value > 0 else 0.0
-        notes.append(f"time limit {problem.config.time_limit_s:g} s reached: best plan "
-                     f"so far, within {gap:.2%} of the proven bound")
+        notes.append((f"time limit {problem.config.time_limit_s:g} s reached: "
+                      if out_of_time else "not proven optimal: ")
+                     + f"best plan so far, within {gap:.2%} of the proven bound")
+    if not by_solver:
+        notes.append(f"{backend.name} found no plan better than {incumbent.source} in "
+                     f"{elapsed:.1f} s"
+                     + (" and proved it optimal" if status == "optimal" else ""))
     notes.append(f"plan from {incumbent.source}")
-    return finish_plan(problem, incumbent.group_device, solver=backend.name, status=status,
-                       lower_bound=bound, solve_seconds=time.perf_counter() - started,
+    return finish_plan(problem, incumbent.group_device,
+                       solver=backend.name if by_solver else incumbent.source,
+                       status=status, lower_bound=bound,
+                       solve_seconds=time.perf_counter() - started,
                        order=incumbent.order, notes=notes)
 
 
@@ -87,6 +112,7 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
         return float(loads.max()), loads
 
     def refine(source: str, share: float) -> None:
+        incumbent.stage = "local search"
         until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
         gd, value = local_search(incumbent.group_device, score, num_devices=k,
                                  group_memory=problem.group_memory,
@@ -96,6 +122,7 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
     if tg.num_groups > MAX_LOAD_FINE_GROUPS:
+        incumbent.stage = "coarsening"
         clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
         _max_load_round(problem, backend, incumbent, clusters,
                         deadline, COARSE_SHARE,
@@ -121,6 +148,7 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                             problem.memory_cap)
     if not worth_a_round(problem, deadline):
         return -math.inf, "time_limit"
+    incumbent.stage = f"model build ({source})"
     model = ml.build_max_load(data)
     unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
     for i, groups in enumerate(units):
@@ -133,6 +161,7 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                        incumbent.value / data.scale if fine else None)
     if options is None:
         return -math.inf, "time_limit"
+    incumbent.stage = f"solve ({source})"
     result = run_checked(backend, model, options, incumbent)
     unit_device = (ml.unit_devices(model)
                    if result.has_solution and model.L.value is not None else None)
@@ -143,8 +172,8 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
         group_device = unit_device[unit_of_group]
         if placement_fits(problem, group_device, incumbent, backend):
             value = float(device_loads(tg, group_device, problem.num_devices).max())
-            if believable(model.L.value * data.scale, value, incumbent, backend):
-                incumbent.offer(group_device, value, source)
+            believable(model.L.value * data.scale, value, incumbent, backend)
+            incumbent.offer(group_device, value, source)
     bound = result.lower_bound * data.scale if fine else -math.inf
     if result.status == "optimal" and fine:
         return max(bound, incumbent.value * (1 - problem.config.gap)), "optimal"
