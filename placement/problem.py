@@ -25,8 +25,8 @@ from placement.simulate import (
     max_load,
     max_load_lower_bound,
     memory_bytes,
-    step_time_lower_bound,
 )
+from placement.step_bound import step_time_bound
 from placement.tasks import TaskGraph, build_tasks, corun_slowdown, split_overhead
 
 
@@ -86,7 +86,7 @@ class Problem:
     def lower_bound(self) -> float:
         if self.config.objective == "max-load":
             return max_load_lower_bound(self.tg, self.num_devices)
-        return step_time_lower_bound(self.tg, self.num_devices)
+        return step_time_bound(self.tg, self.num_devices)
 
     def evaluate(self, group_device: np.ndarray) -> float:
         """The objective's value of a placement (step time with a list schedule)."""

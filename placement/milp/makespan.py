@@ -47,6 +47,7 @@ from placement.simulate import (
     order_by_start,
 )
 from placement.problem import Problem
+from placement.step_bound import heads_tails
 from placement.tasks import Task, TaskGraph
 
 #: Most unordered task pairs with overlapping windows a model may carry; beyond it the
@@ -75,19 +76,6 @@ class MakespanData:
     scale: float
     """Model time unit in the graph's unit: the model sees times / scale, about 1000
     for the horizon, so that solver tolerances (~1e-6 absolute) stay negligible."""
-
-
-def heads_tails(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
-    """head_t: longest chain of task times before t; tail_t: from t to the end, t's
-    own time included (transfers free, since a placement may avoid them)."""
-    head = np.zeros(tg.num_tasks)
-    tail = np.zeros(tg.num_tasks)
-    order = tg.topological_order
-    for t in order:
-        head[t] = max((head[p] + tg.duration_s[p] for p, _ in tg.predecessors[t]), default=0.0)
-    for t in reversed(order):
-        tail[t] = tg.duration_s[t] + max((tail[s] for s, _ in tg.successors[t]), default=0.0)
-    return head, tail
 
 
 def makespan_data(tg: TaskGraph, unit_of_group: np.ndarray, num_devices: int,
