@@ -31,7 +31,7 @@ from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
 from placement.io import save_graph
 from placement.plan import Plan
-from placement.planner import PlanConfig, plan
+from placement.policy import plan_mp_degrees
 from placement.scaling.crossover import HybridConfig, ScalingParams, crossover, project
 from placement.scaling.efficiency import model_defaults
 from placement.scaling.step import BatchRule, worker_step
@@ -41,6 +41,9 @@ from placement.scaling.workers import default_batches, worker_steps
 BASE_LR = 0.05
 #: Global batches the sweep tries, as multiples of the preset's batch.
 BATCH_MULTIPLES = (1, 2, 4)
+#: The planning stage's budget: keeps `make demo` (BigLSTM tiny, 2 cores) within 3
+#: minutes end to end (docs/benchmarks.md, "The job's planning stage").
+DEFAULT_PLAN_TIME_LIMIT_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +62,8 @@ class JobArgs:
     cluster: str | None
     """Preset for the projection; None: dgx1-v100 with GPUs, the local cores without."""
     fake_cluster: str | None
+    plan_time_limit_s: float = DEFAULT_PLAN_TIME_LIMIT_S
+    """Seconds the planning stage may take over all its plans (the MILP's budget)."""
 
     def __post_init__(self) -> None:
         if self.max_trials < 1:
@@ -67,6 +72,9 @@ class JobArgs:
             raise UserError(f"--num-gpus {self.num_gpus}: must be >= 1")
         if self.trial_steps < 2 or self.final_steps < 1:
             raise UserError("--trial-steps must be >= 2 and --final-steps >= 1")
+        if self.plan_time_limit_s <= 0:
+            raise UserError(f"--plan-time-limit {self.plan_time_limit_s}: must be > 0 "
+                            f"seconds (default {DEFAULT_PLAN_TIME_LIMIT_S:g})")
 
 
 def parse_args(model: str, argv: Sequence[str] | None) -> JobArgs:
@@ -88,12 +96,16 @@ def parse_args(model: str, argv: Sequence[str] | None) -> JobArgs:
                    help="preset whose links the projection uses")
     p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
                    help="run on a local cluster of fake-GPU nodes (testing)")
+    p.add_argument("--plan-time-limit", type=float, default=DEFAULT_PLAN_TIME_LIMIT_S,
+                   dest="plan_time_limit", help="seconds the planning stage's MILP solves "
+                   f"may take in all (default {DEFAULT_PLAN_TIME_LIMIT_S:g})")
     a = p.parse_args(argv)
     return JobArgs(model=model, preset=a.preset, data=a.data, num_gpus=a.num_gpus,
                    max_trials=a.max_trials, time_budget_s=a.time_budget_s,
                    storage=Path(a.storage).resolve(), resume=a.resume,
                    trial_steps=a.trial_steps, final_steps=a.final_steps,
-                   cluster=a.cluster, fake_cluster=a.fake_cluster)
+                   cluster=a.cluster, fake_cluster=a.fake_cluster,
+                   plan_time_limit_s=a.plan_time_limit)
 
 
 def status(stage: str, text: str) -> None:
@@ -120,15 +132,23 @@ def mp_candidates(devices_per_node: int, num_gpus: int) -> list[int]:
     return out
 
 
-def plan_candidates(graph, cluster: ClusterSpec, mp_degrees: Sequence[int]) -> dict[int, Plan]:
+def plan_candidates(graph, cluster: ClusterSpec, mp_degrees: Sequence[int],
+                    time_limit_s: float = DEFAULT_PLAN_TIME_LIMIT_S) -> dict[int, Plan]:
     """For each mp_degree, the plan (and micro-batch count 1, 2 or 4) of least
-    predicted step time."""
-    plans = {}
-    for m in mp_degrees:
-        options = [plan(graph, cluster, PlanConfig(num_devices=m, num_micro_batches=k))
-                   for k in ((1,) if m == 1 else (1, 2, 4))]
-        plans[m] = min(options, key=lambda p: p.step_time)
-    return plans
+    predicted step time, by the planning policy within `time_limit_s` in all."""
+    return plan_mp_degrees(graph, cluster, mp_degrees, time_limit_s=time_limit_s)
+
+
+def plan_status(mp_degree: int, p: Plan) -> str:
+    """One status line for a plan: who made it, its value, bound and gap, and why it
+    is not the MILP's when it is not."""
+    line = (f"mp {mp_degree}: predicted step {p.step_time * 1e3:.1f} ms "
+            f"({p.num_micro_batches} micro-batches) by {p.solver}, {p.status}: "
+            f"value {p.value * 1e3:.1f} ms, bound {p.lower_bound * 1e3:.1f} ms, "
+            f"gap {p.gap:.1%}")
+    why = [n for n in p.notes if n.startswith("warning") or "found no plan" in n
+           or "budget" in n or "too large" in n]
+    return line + "".join(f"; {n}" for n in why)
 
 
 def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: ClusterSpec,
@@ -183,14 +203,14 @@ def run_job(args: JobArgs) -> dict:
     save_graph(graph, args.storage / "graph.json")
 
     mps = mp_candidates(cluster.devices_per_node, num_gpus)
-    status("2/6 plan", f"mp_degree {mps} on {cluster.name}")
-    plans = plan_candidates(graph, cluster, mps)
+    status("2/6 plan", f"mp_degree {mps} on {cluster.name}, within "
+                       f"{args.plan_time_limit_s:g} s")
+    plans = plan_candidates(graph, cluster, mps, args.plan_time_limit_s)
     plans_dir = args.storage / "plans"
     plans_dir.mkdir(exist_ok=True)
     for m, p in plans.items():
         p.save(plans_dir / f"plan_mp{m}.json")
-        status("2/6 plan", f"mp {m}: predicted step {p.step_time * 1e3:.1f} ms "
-                           f"({p.solver}, {p.num_micro_batches} micro-batches)")
+        status("2/6 plan", plan_status(m, p))
 
     status("3/6 cross-over", "DP vs hybrid time to accuracy, 1 to 4096 devices")
     defaults = model_defaults(args.model)

@@ -16,8 +16,10 @@ from placement.scaling.comm import ALGORITHMS
 from placement.scaling.crossover import CrossoverResult, ScalingParams, crossover
 from placement.scaling.efficiency import MODEL_DEFAULTS, efficiency_for, load_curve
 from placement.scaling.step import BatchRule
+from placement.policy import DEFAULT_SOLVER
 from placement.scaling.workers import (
     DEFAULT_MP_DEGREES,
+    PLAN_TIME_LIMIT_S,
     default_batches,
     worker_plans,
     worker_steps,
@@ -37,6 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="paper",
                    help="model size preset for --model (default: paper)")
     p.add_argument("--plans", help="folder of plan_mp<M>.json files (others are computed)")
+    p.add_argument("--solver", default=DEFAULT_SOLVER,
+                   help=f"solver for the plans computed here (default {DEFAULT_SOLVER})")
+    p.add_argument("--plan-time-limit", type=float, default=PLAN_TIME_LIMIT_S,
+                   dest="plan_time_limit", help="seconds those plans may take in all "
+                   f"(default {PLAN_TIME_LIMIT_S:g})")
     p.add_argument("--cluster", required=True, help="cluster preset, e.g. dgx1-v100")
     stats = p.add_mutually_exclusive_group()
     stats.add_argument("--curve", help="CSV of global_batch,epochs measured to the target")
@@ -105,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
     params = ScalingParams(overlap_fraction=args.overlap, allreduce_algorithm=args.allreduce)
     batches = (_numbers(args.batches, "--batches") if args.batches
                else list(default_batches(rule.profiled_batch)))
-    plans = worker_plans(graph, cluster, mp_degrees, args.plans)
+    if args.plan_time_limit <= 0:
+        raise UserError(f"--plan-time-limit {args.plan_time_limit}: must be > 0 seconds")
+    plans = worker_plans(graph, cluster, mp_degrees, args.plans,
+                         time_limit_s=args.plan_time_limit, solver=args.solver)
     workers = worker_steps(graph, plans, cluster, batches, rule)
     result = crossover(workers, cluster, efficiency, dataset_size, args.max_gpus, params)
 
@@ -119,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
         "overlap_fraction": params.overlap_fraction,
         "allreduce_algorithm": params.allreduce_algorithm,
         "optimizer_passes": params.optimizer_passes,
-        "plans": {m: {"solver": p.solver, "num_micro_batches": p.num_micro_batches,
-                      "step_time_s_at_profiled_batch": p.step_time}
+        "plans": {m: {"solver": p.solver, "status": p.status, "value": p.value,
+                      "lower_bound": p.lower_bound, "gap": p.gap,
+                      "num_micro_batches": p.num_micro_batches,
+                      "step_time_s_at_profiled_batch": p.step_time, "notes": list(p.notes)}
                   for m, p in plans.items()},
     }
     report = {**result.to_dict(), "inputs": inputs}

@@ -6,10 +6,12 @@ import argparse
 import json
 
 from placement.cluster import PRESET_NAMES, preset
+from placement.errors import UserError
 from placement.graph import ANY_KIND, OpGraph
 from placement.io import load_graph
 from placement.plan import OBJECTIVES, Plan
-from placement.planner import SOLVERS, PlanConfig, plan
+from placement.planner import SOLVERS
+from placement.policy import DEFAULT_SOLVER, plan_worker
 
 #: The preset whose device kind matches a graph's times, when --cluster is not given.
 _PRESET_FOR_KIND = {ANY_KIND: "dgx1-v100", "v100": "dgx1-v100", "a100": "dgx-a100",
@@ -25,8 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batches", type=int, default=1, dest="micro_batches")
     p.add_argument("--cluster", choices=PRESET_NAMES, default=None,
                    help="cluster preset (default: the one matching the graph's device kind)")
-    p.add_argument("--solver", default="heuristic",
-                   help=f"one of {', '.join(SOLVERS)} (default: heuristic)")
+    p.add_argument("--solver", default=DEFAULT_SOLVER,
+                   help=f"one of {', '.join(SOLVERS)} (default: {DEFAULT_SOLVER}, the "
+                        "MILP with the first installed of HiGHS, CBC, GLPK)")
     p.add_argument("--time-limit", type=float, default=60.0, dest="time_limit",
                    help="solver wall-clock limit in seconds")
     p.add_argument("--gap", type=float, default=0.01, help="relative gap to stop at")
@@ -50,10 +53,12 @@ def default_preset(graph: OpGraph) -> str:
 def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph)
     cluster = preset(args.cluster or default_preset(graph))
-    config = PlanConfig(num_devices=args.devices, objective=args.objective,
-                        num_micro_batches=args.micro_batches, solver=args.solver,
-                        time_limit_s=args.time_limit, gap=args.gap, threads=args.threads)
-    result = plan(graph, cluster, config)
+    if args.time_limit <= 0:
+        raise UserError(f"--time-limit {args.time_limit}: must be > 0 seconds")
+    result = plan_worker(graph, cluster, num_devices=args.devices,
+                         num_micro_batches=args.micro_batches, time_limit_s=args.time_limit,
+                         solver=args.solver, objective=args.objective, gap=args.gap,
+                         threads=args.threads)
     if args.out:
         result.save(args.out)
     if args.gantt:

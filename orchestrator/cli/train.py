@@ -8,7 +8,9 @@ import tempfile
 import time
 
 from orchestrator.train.config import TrainConfig
+from placement.errors import UserError
 from placement.plan import load_plan
+from placement.policy import DEFAULT_SOLVER
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="samples per step over all workers (default: the preset's)")
     p.add_argument("--plan", help="plan JSON from `orchestrator plan` (default: profile "
                                   "and plan now)")
+    p.add_argument("--solver", default=DEFAULT_SOLVER,
+                   help=f"solver for the plan made without --plan (default {DEFAULT_SOLVER})")
+    p.add_argument("--plan-time-limit", type=float, default=None, dest="plan_time_limit",
+                   help="seconds that plan may take (default: "
+                        "orchestrator.train.launch.PLAN_TIME_LIMIT_S, 20)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--checkpoint-every", type=int, default=5, dest="checkpoint_every")
@@ -39,10 +46,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.train.launch import fit, parse_fake_cluster, plan_worker, ray_cluster
+    from orchestrator.train.launch import (
+        PLAN_TIME_LIMIT_S,
+        fit,
+        parse_fake_cluster,
+        plan_worker,
+        ray_cluster,
+    )
 
     if args.fake_cluster:
         parse_fake_cluster(args.fake_cluster)
+    time_limit_s = PLAN_TIME_LIMIT_S if args.plan_time_limit is None else args.plan_time_limit
+    if time_limit_s <= 0:
+        raise UserError(f"--plan-time-limit {time_limit_s}: must be > 0 seconds")
     cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=args.dp,
                       mp_degree=args.mp, global_batch=args.global_batch,
                       num_micro_batches=args.micro_batches, steps=args.steps, lr=args.lr,
@@ -50,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                       mixed_precision=args.mixed_precision,
                       clip_grad_norm=args.clip_grad_norm, data=args.data,
                       use_gpu=args.gpu or bool(args.fake_cluster))
-    worker_plan = load_plan(args.plan) if args.plan else plan_worker(cfg)
+    worker_plan = (load_plan(args.plan) if args.plan
+                   else plan_worker(cfg, solver=args.solver, time_limit_s=time_limit_s))
     storage = args.storage or tempfile.mkdtemp(prefix="orchestrator-train-")
     with ray_cluster(args.fake_cluster):
         result = fit(cfg, worker_plan, storage=storage,
@@ -58,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                      max_failures=args.max_failures, fake_gpus=bool(args.fake_cluster))
     summary = {"losses": result["losses"], "step_times_s": result["step_times_s"],
                "workers": result["workers"], "plan": {
-                   "solver": worker_plan.solver,
+                   "solver": worker_plan.solver, "status": worker_plan.status,
+                   "gap": worker_plan.gap,
                    "predicted_step_time_s": worker_plan.step_time}, "storage": storage}
     if args.json:
         print(json.dumps(summary))

@@ -21,7 +21,8 @@ from placement.cluster import preset
 from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.plan import Plan
-from placement.planner import PlanConfig, plan
+from placement import policy
+from placement.policy import DEFAULT_SOLVER
 from placement.scaling.step import scale_graph
 
 
@@ -30,6 +31,8 @@ from placement.scaling.step import scale_graph
 #: every CPU to the workers; elsewhere a driver takes 0.01 CPU (orchestrator/sweep.py).
 DRIVER_RESOURCE = "orchestrator_driver"
 DRIVER_RESOURCE_AMOUNT = 1000
+#: Seconds `plan_worker`'s MILP may take (one plan: `orchestrator train` without --plan).
+PLAN_TIME_LIMIT_S = 20.0
 
 
 class ClusterTooSmallError(UserError):
@@ -173,11 +176,12 @@ def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
                          batch=micro_batch_size(cfg))
 
 
-def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic",
+def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,
+                time_limit_s: float = PLAN_TIME_LIMIT_S,
                 micro: OpGraph | None = None) -> Plan:
     """Place the worker's ops on its devices (CPU threads here, so measured CPU costs
-    are the right ones), from `micro`, the graph `profile_micro_batch(cfg)` returns
-    (profiled now when not given)."""
+    are the right ones) by the planning policy within `time_limit_s`, from `micro`,
+    the graph `profile_micro_batch(cfg)` returns (profiled now when not given)."""
     k = cfg.num_micro_batches
     if micro is None:
         micro = profile_micro_batch(cfg)
@@ -188,8 +192,8 @@ def plan_worker(cfg: TrainConfig, *, solver: str = "heuristic",
     cpu = preset("cpu")
     cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
                                                             cpu.devices_per_node))
-    return plan(graph, cluster, PlanConfig(num_devices=cfg.mp_degree, num_micro_batches=k,
-                                           solver=solver))
+    return policy.plan_worker(graph, cluster, num_devices=cfg.mp_degree,
+                              num_micro_batches=k, time_limit_s=time_limit_s, solver=solver)
 
 
 @contextlib.contextmanager

@@ -10,10 +10,12 @@ from placement.cluster import ClusterSpec
 from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.plan import Plan, load_plan
-from placement.planner import PlanConfig, plan
+from placement.policy import DEFAULT_SOLVER, plan_mp_degrees
 from placement.scaling.step import BatchRule, WorkerStep, worker_step
 
 DEFAULT_MP_DEGREES = (2, 4, 8)
+#: Seconds the plans that are computed here may take in all.
+PLAN_TIME_LIMIT_S = 60.0
 
 
 def plan_path(plans_dir: str | Path, mp_degree: int) -> Path:
@@ -22,13 +24,17 @@ def plan_path(plans_dir: str | Path, mp_degree: int) -> Path:
 
 def worker_plans(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[int],
                  plans_dir: str | Path | None = None,
-                 num_micro_batches: Mapping[int, int] | None = None) -> dict[int, Plan]:
+                 num_micro_batches: Mapping[int, int] | None = None, *,
+                 time_limit_s: float = PLAN_TIME_LIMIT_S,
+                 solver: str = DEFAULT_SOLVER) -> dict[int, Plan]:
     """A plan per mp_degree (1 included): `plans_dir/plan_mp<m>.json` where present,
-    else the heuristic planner with `num_micro_batches[m]` (default m) micro-batches."""
+    else the planning policy's with `num_micro_batches[m]` (default m) micro-batches,
+    all those within `time_limit_s` seconds."""
     if plans_dir is not None and not Path(plans_dir).is_dir():
         raise UserError(f"--plans {plans_dir}: not a directory: give the folder that holds "
                         "plan_mp<M>.json files")
     plans = {}
+    to_plan = []
     for m in sorted({1, *mp_degrees}):
         if m > cluster.devices_per_node:
             raise UserError(f"mp_degree {m}: a worker's devices share one node and "
@@ -38,10 +44,14 @@ def worker_plans(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[int]
         if path is not None and path.exists():
             plans[m] = _read_plan(path, m)
         else:
-            k = 1 if m == 1 else (num_micro_batches or {}).get(m, m)
-            plans[m] = plan(graph, cluster, PlanConfig(num_devices=m, num_micro_batches=k,
-                                                       solver="heuristic"))
-    return plans
+            to_plan.append(m)
+
+    def micro_batches(m: int) -> tuple[int, ...]:
+        return (1 if m == 1 else (num_micro_batches or {}).get(m, m),)
+
+    plans.update(plan_mp_degrees(graph, cluster, to_plan, time_limit_s=time_limit_s,
+                                 solver=solver, micro_batches=micro_batches))
+    return dict(sorted(plans.items()))
 
 
 def _read_plan(path: Path, mp_degree: int) -> Plan:

@@ -106,6 +106,7 @@ def test_model_is_profiled_then_projected(tmp_path, capsys):
     pytest.importorskip("torch")
     code, out, err = run(capsys, "crossover", "--model", "gnmt", "--preset", "tiny",
                          "--cluster", "dgx1-v100", "--mp-degrees", "2", "--max-gpus", "8",
+                         "--plan-time-limit", "5",
                          "--out", str(tmp_path / "o"), "--json")
     assert code == 0, err
     report = json.loads(out)

@@ -84,6 +84,7 @@ def test_json_output_has_the_plan(capsys, peer_graphs, tmp_path):
     out_file = tmp_path / "plan.json"
     code, out, _ = run_cli(["plan", "--graph", str(peer_graphs / "gnmt_training.json"),
                             "--devices", "6", "--objective", "max-load", "--json",
+                            "--time-limit", "5",
                             "--gantt", str(gantt), "--out", str(out_file)], capsys)
     assert code == 0
     result = json.loads(out)
