@@ -1,9 +1,10 @@
 """Placement MILP benchmarks (issue 3): exactness, peer graphs, step time, scaling.
 
-    python -m benchmarks.milp [--exact] [--peer] [--step] [--scaling]
+    python -m benchmarks.milp [--exact] [--peer] [--step] [--scaling] [--presets]
         [--solvers highs,cbc,glpk] [--time-limit 60] [--graphs N] [--devices 2,4,8]
+        [--objectives max-load,makespan] [--models biglstm,gnmt,inception_v3]
 
-No flag runs all four tables (long: about an hour on a 2-core machine).
+No flag runs all five tables (long: over an hour on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -110,6 +111,41 @@ def step_time(solvers, time_limit: float, device_counts, graphs) -> None:
                       f"{plan.value / heft_value:.4f} |", flush=True)
 
 
+#: The job models' paper presets and the (devices, micro-batches) the table plans.
+JOB_MODELS = ("biglstm", "gnmt", "inception_v3")
+PRESET_CONFIGS = ((2, 1), (2, 4), (4, 1), (4, 4))
+
+
+def presets(time_limit: float, models) -> None:
+    """Step time on the paper presets of the job models (profiled for V100s on the meta
+    device, as `orchestrator profile --preset paper --target v100` does), by the
+    planning policy ('auto' = HiGHS) against HEFT; the solver column says who made the
+    plan (a heuristic + local search when the MILP found nothing better)."""
+    from orchestrator.profile import profile_model
+    from placement.heuristics import heft
+    from placement.policy import plan_worker
+
+    print(f"\n(5) step time on the job models' paper presets (dgx1-v100), policy 'auto', "
+          f"{time_limit:g} s limit")
+    print("| model | devices | K | tasks | HEFT | solver | status | value | bound | gap | s "
+          "| value/HEFT |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for model in models:
+        graph = profile_model(model, preset="paper", target="v100")
+        for k, micro in PRESET_CONFIGS:
+            p = make_problem(graph, CLUSTER, PlanConfig(
+                num_devices=k, num_micro_batches=micro, time_limit_s=time_limit))
+            heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
+                                       k).step_time_s
+            plan = plan_worker(graph, CLUSTER, num_devices=k, num_micro_batches=micro,
+                               time_limit_s=time_limit)
+            ms = 1e3
+            print(f"| {model} | {k} | {micro} | {p.tg.num_tasks} | {heft_value * ms:.1f} | "
+                  f"{plan.solver} | {plan.status} | "
+                  f"{plan.value * ms:.1f} | {plan.lower_bound * ms:.1f} | {plan.gap:.2%} | "
+                  f"{plan.solve_seconds:.0f} | {plan.value / heft_value:.4f} |", flush=True)
+
+
 def layered_dag(seed: int, num_ops: int, width: int = 8) -> OpGraph:
     """Layers of up to `width` ops; each op feeds 1-3 ops of the next layer."""
     rng = np.random.default_rng(seed)
@@ -134,14 +170,14 @@ def layered_dag(seed: int, num_ops: int, width: int = 8) -> OpGraph:
                    name=f"layered{num_ops}", time_unit="unit")
 
 
-def scaling(solvers, time_limit: float, sizes) -> None:
+def scaling(solvers, time_limit: float, sizes, objectives=("max-load", "makespan")) -> None:
     print(f"\n(4) solve time and gap vs graph size (layered random DAGs, 4 devices, "
           f"{time_limit:g} s limit)")
     print("| ops | tasks | objective | solver | heuristic | value | bound | gap | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         graph = layered_dag(n, n)
-        for objective in ("max-load", "makespan"):
+        for objective in objectives:
             for solver in solvers:
                 p = make_problem(graph, CLUSTER, PlanConfig(
                     num_devices=4, objective=objective, time_limit_s=time_limit, gap=0.01))
@@ -160,6 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer", action="store_true")
     ap.add_argument("--step", action="store_true")
     ap.add_argument("--scaling", action="store_true")
+    ap.add_argument("--presets", action="store_true",
+                    help="step time on the job models' paper presets (needs torch)")
+    ap.add_argument("--models", default=",".join(JOB_MODELS), help="models for --presets")
+    ap.add_argument("--objectives", default="max-load,makespan",
+                    help="objectives for --scaling")
     ap.add_argument("--solvers", default="highs,cbc,glpk")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--graphs", type=int, default=30, help="random DAGs for --exact")
@@ -169,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
     graphs = [g for g in TRAINING if args.only in g]
-    everything = not (args.exact or args.peer or args.step or args.scaling)
+    everything = not (args.exact or args.peer or args.step or args.scaling or args.presets)
     if args.exact or everything:
         exactness(solvers, args.graphs)
     if (args.peer or everything) and PEER.is_dir():
@@ -178,7 +219,10 @@ def main(argv: list[str] | None = None) -> None:
         step_time(solvers, args.time_limit, [int(x) for x in args.devices.split(",")],
                   graphs)
     if args.scaling or everything:
-        scaling(solvers, args.time_limit, [int(x) for x in args.sizes.split(",")])
+        scaling(solvers, args.time_limit, [int(x) for x in args.sizes.split(",")],
+                args.objectives.split(","))
+    if args.presets or everything:
+        presets(args.time_limit, args.models.split(","))
 
 
 if __name__ == "__main__":
