@@ -12,6 +12,12 @@ training step and placement units u (clusters of groups):
   same[u,v] units u and v share a device (>= x[u,d] + x[v,d] - 1).
 Valid inequalities: C >= each device's busy time, C >= the lower bound.
 
+The model sees the simulator's machine: task times carry the split overhead and the
+1/K of each micro-batch (`placement.tasks.build_tasks`). The one thing it leaves out is
+the co-run slowdown of devices that share a host (CPU threads): with it the model is a
+relaxation, so its bound still holds, and its placement is judged by the simulator
+and kept when better, never thrown away for disagreeing with the solver's claim.
+
 Large graphs are solved on a coarse task graph (chain clusters, each cluster's tasks
 of one phase and micro-batch run back to back), then expanded and refined with local
 search under the exact list-schedule simulator.
