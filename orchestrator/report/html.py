@@ -109,6 +109,11 @@ def write_report(storage: Path, *, grid, plans: dict[int, Plan], crossover: Cros
         f"<td>{r['measured_step_s'] * 1e3:.2f}</td><td>{r['projected_time_s']:.4g}</td>"
         f"<td>{r['loss']:.4f}</td><td>{_noise(r['noise_scale'])}</td><td>{r['steps']}</td></tr>"
         for r in rows)
+    plan_table = "".join(
+        f"<tr><td>{m}</td><td>{p.num_micro_batches}</td><td>{html.escape(p.solver)}</td>"
+        f"<td>{p.status}</td><td>{p.value * 1e3:.2f}</td><td>{p.lower_bound * 1e3:.2f}</td>"
+        f"<td>{p.gap:.1%}</td><td>{html.escape('; '.join(p.notes))}</td></tr>"
+        for m, p in sorted(plans.items()))
     figures = "".join(f'<figure><img src="{name}" alt="{html.escape(caption)}">'
                       f"<figcaption>{html.escape(caption)}</figcaption></figure>"
                       for name, caption in images.items())
@@ -128,6 +133,9 @@ projected time to accuracy {summary['winner_projected_time_s']:.4g} s. Cross-ove
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
 <th>predicted step (ms)</th><th>measured step (ms)</th><th>projected time (s)</th>
 <th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
+<h2>Plans (one worker per mp_degree)</h2>
+<table><tr><th>mp</th><th>micro-batches</th><th>made by</th><th>status</th>
+<th>predicted step (ms)</th><th>bound (ms)</th><th>gap</th><th>notes</th></tr>{plan_table}</table>
 <h2>Plots</h2>{figures}
 <p>Summary: <a href="winner.json">winner.json</a>. TensorBoard: <code>tensorboard --logdir
 {html.escape(str(storage / 'sweep'))}</code>.</p>

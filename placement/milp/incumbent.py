@@ -38,6 +38,14 @@ class Incumbent:
         return False
 
 
+LOCAL_SEARCH = " + local search"
+
+
+def refined(source: str) -> str:
+    """The source of a plan that local search improved (named once, however often)."""
+    return source if source.endswith(LOCAL_SEARCH) else source + LOCAL_SEARCH
+
+
 def worth_a_round(problem: Problem, deadline: float) -> bool:
     """Whether enough time is left to build a model and let a solver work on it: a
     Pyomo build alone takes seconds on a big graph, so a sliver of time would only

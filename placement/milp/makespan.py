@@ -40,6 +40,7 @@ from placement.milp.incumbent import (
     Incumbent,
     believable,
     placement_fits,
+    refined,
     run_checked,
     worth_a_round,
 )
@@ -325,7 +326,7 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
         gd, value = local_search(incumbent.group_device, score, num_devices=k,
                                  group_memory=problem.group_memory,
                                  memory_cap=problem.memory_cap, deadline=until)
-        incumbent.offer(gd, value, f"{incumbent.source} + local search")
+        incumbent.offer(gd, value, refined(incumbent.source))
 
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.

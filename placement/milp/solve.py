@@ -21,6 +21,7 @@ from placement.milp.incumbent import (
     Incumbent,
     believable,
     placement_fits,
+    refined,
     run_checked,
     worth_a_round,
 )
@@ -117,7 +118,7 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
         gd, value = local_search(incumbent.group_device, score, num_devices=k,
                                  group_memory=problem.group_memory,
                                  memory_cap=problem.memory_cap, deadline=until)
-        incumbent.offer(gd, value, f"{source} + local search")
+        incumbent.offer(gd, value, refined(source))
 
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
