@@ -43,7 +43,7 @@ BASE_LR = 0.05
 BATCH_MULTIPLES = (1, 2, 4)
 #: The planning stage's budget: keeps `make demo` (BigLSTM tiny, 2 cores) within 3
 #: minutes end to end (docs/benchmarks.md, "The job's planning stage").
-DEFAULT_PLAN_TIME_LIMIT_S = 30.0
+DEFAULT_PLAN_TIME_LIMIT_S = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)
