@@ -50,9 +50,10 @@ def solve_plan(problem: Problem, solver: str,
     name, group_device, value = best_heuristic(problem)
     incumbent = Incumbent(group_device, value, f"{HEURISTIC}{name}")
     solve = _max_load if problem.config.objective == "max-load" else _makespan
+    # The analytic bound may prove the heuristic's plan already (one device, say).
+    by_bound = value - problem.lower_bound() <= problem.config.gap * value
     try:
-        if value - problem.lower_bound() <= problem.config.gap * value:
-            # The analytic bound already proves the heuristic (one device, say).
+        if by_bound:
             bound, status = problem.lower_bound(), "optimal"
         else:
             bound, status = solve(problem, backend, incumbent, deadline)
@@ -78,7 +79,10 @@ def solve_plan(problem: Problem, solver: str,
         notes.append((f"time limit {problem.config.time_limit_s:g} s reached: "
                       if out_of_time else "not proven optimal: ")
                      + f"best plan so far, within {gap:.2%} of the proven bound")
-    if not by_solver:
+    if by_bound:
+        notes.append(f"{incumbent.source} is optimal by the analytic bound: "
+                     f"{backend.name} had nothing to improve")
+    elif not by_solver:
         notes.append(f"{backend.name} found no plan better than {incumbent.source} in "
                      f"{elapsed:.1f} s"
                      + (" and proved it optimal" if status == "optimal" else ""))

@@ -40,6 +40,7 @@ def test_one_device_is_proven_optimal_without_a_solve():
     plans = plan_mp_degrees(training_dag(5, 5), CLUSTER, [1], time_limit_s=20.0)
     assert plans[1].status == "optimal" and plans[1].gap == 0
     assert plans[1].solver == "heuristic:single-device"
+    assert any("optimal by the analytic bound" in n for n in plans[1].notes)
 
 
 @pytest.mark.solver
