@@ -15,12 +15,19 @@ from placement.graph import Edge, Op, OpGraph
 from placement.io import load_graph
 from placement.milp.backends import BACKENDS, Backend, SolveResult, choose_backend
 from placement.milp.solve import solve_plan
-from placement.planner import SOLVERS, best_heuristic, heuristic_placements
+from placement.planner import (
+    SOLVERS,
+    InfeasiblePlacementError,
+    best_heuristic,
+    heuristic_placements,
+    solve_heuristic,
+)
 from placement.simulate import evaluate_order, max_load
 from tests.placement.milp_cases import (
     brute_max_load,
     brute_step_time,
     fits_memory,
+    placements,
     problem,
     random_dag,
     search_step_time,
@@ -307,3 +314,13 @@ def test_a_partial_solution_is_ignored_with_a_warning(objective):
     plan = solve_plan(p, "fake", _fake(partial))
     assert plan.value <= best_heuristic(p)[2] + 1e-12
     assert any("partial solution" in n for n in plan.notes)
+
+
+def test_memory_that_no_placement_fits_is_a_named_error_with_a_device_count():
+    # Groups of 4, 4 and 2 bytes on two devices of 5.5 bytes: the totals fit (10 <= 11)
+    # but no split does; three devices hold them.
+    p = honest_case("makespan", 2, 4, 2, 0.55)
+    assert sorted(p.group_memory.tolist()) == [2.0, 4.0, 4.0]
+    assert list(placements(p.tg, 2, fits_memory(p))) == []
+    with pytest.raises(InfeasiblePlacementError, match="use at least 3 devices"):
+        solve_heuristic(p)
