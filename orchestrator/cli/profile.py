@@ -33,9 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default="cpu",
                    help=f"device kind to report: {', '.join(TARGETS)} (default: cpu)")
     p.add_argument("--granularity", default="module",
-                   help=f"what one op is: {' or '.join(GRANULARITIES)} (module: a layer or "
-                   "function, cheap elementwise work fused in; aten: one ATen operator, "
-                   "captured with torch.export, no fusion; default: module)")
+                   help=f"what one op is: {', '.join(GRANULARITIES)} (module: a layer or "
+                   "function, cheap elementwise work fused in; aten: one ATen operator as "
+                   "the model calls it, captured with torch.export, no fusion; core-aten: "
+                   "one operator of PyTorch's Core ATen set; default: module)")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per op (median)")
     p.add_argument("--out", required=True, help="write the op graph JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

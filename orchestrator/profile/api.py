@@ -74,8 +74,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     `cpu` and each GPU kind in PROJECTED_KINDS; `target` names the kind the graph is
     meant for (recorded in its metadata, and the one `summary` reports);
     `extra_kinds` adds projected times for more device kinds (keyed by their names).
-    `granularity`: `module` (layers and functions) or `aten` (one op per ATen
-    operator); see `orchestrator.profile.capture`.
+    `granularity`: `module` (layers and functions), `aten` or `core-aten` (one op per
+    ATen operator); see `orchestrator.profile.capture`.
     """
     if target not in TARGETS:
         raise UserError(f"unknown --target {target!r}: choose one of {', '.join(TARGETS)}")

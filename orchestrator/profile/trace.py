@@ -20,7 +20,8 @@ it came from. Every node then falls in one of:
   not (a Dropout call fuses, an RMSNorm call is an op). With `fuse=False` (operator
   granularity) every ATen node is an op of its own; only `getitem`, which picks an
   element of a tuple an operator returned, joins its producer. A node whose value no
-  one reads (an assertion, a buffer's in-place update) joins its latest producer.
+  one reads (an assertion, a buffer's in-place update) joins its latest producer, or,
+  if it has none (`num_batches_tracked += 1`), the op that follows it.
 
 Parameters are named by their first qualified name (`named_parameters()`): a tied
 weight, reachable under two names, is one parameter, so the ops reading it share a
@@ -338,6 +339,7 @@ def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
     deferred: list[fx.Node] = []
     prologue: list[str] = []
     unit_op: dict[str, int] = {}
+    writes: list[fx.Node] = []
     cheap_units = _cheap_units(gm, units)
     output = None
     for n in gm.graph.nodes:
@@ -352,6 +354,12 @@ def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
             continue
         inputs = n.all_input_nodes
         if n.op != "call_module" and all(i.name in free for i in inputs):
+            if not n.users and _writes(n):
+                # A buffer's in-place update that nothing reads (BatchNorm's
+                # num_batches_tracked += 1): the executor computes only the prologue
+                # values ops read, so it runs in the op that follows it.
+                writes.append(n)
+                continue
             free.add(n.name)
             prologue.append(n.name)
             continue
@@ -373,6 +381,10 @@ def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
             anchors.append(n)
         if unit is not None:
             unit_op[unit[0]] = group[n.name]
+        if n.name in group:
+            group.update((w.name, group[n.name]) for w in writes)
+            writes.clear()
+    group.update((w.name, len(anchors) - 1) for w in writes)
     for n in reversed(deferred):
         consumers = [group[u.name] for u in n.users if u.name in group]
         assert consumers, f"{n.name} computes from parameters but no op uses it"
@@ -385,6 +397,11 @@ def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
                         "parameters: make forward(*batch) return the scalar loss")
     return _assemble(gm, nodes, placeholders, tuple(prologue), group, anchors, params,
                      loss_node.name, units)
+
+
+def _writes(n: fx.Node) -> bool:
+    """Whether an ATen node writes into one of its arguments."""
+    return aten_name(n) is not None and n.target._schema.is_mutable
 
 
 def _cheap_units(gm: fx.GraphModule, units: Mapping[str, Unit]) -> set[str]:

@@ -1,29 +1,19 @@
 """Today's transformers models, unmodified, built from tiny configs (nothing downloaded),
 as `--model tests.orchestrator.hf_models:NAME` builders. Each takes its labels and
-returns its own loss; dropout is off, so split and unsplit steps compute the same."""
+returns its own loss (`WithLabels`: the module returns the step's scalar loss, as a
+ModelSpec's must); dropout is off, so split and unsplit steps compute the same."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from benchmarks.op_graphs import WithLabels
 from orchestrator.models import ModelSpec
 
 VOCAB = 96
 SEQ = 16
 BATCH = 8
-
-
-class WithLabels(nn.Module):
-    """`forward(input_ids, labels)` -> the model's own loss (ModelSpec's contract: the
-    module returns the step's scalar loss)."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=input_ids, labels=labels).loss
 
 
 def make_batch(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
@@ -33,8 +23,8 @@ def make_batch(batch: int, *, device: str | torch.device = "cpu", seed: int = 0)
 
 
 def _spec(name: str, preset: str, lm: nn.Module) -> ModelSpec:
-    return ModelSpec(name=name, preset=preset, module=WithLabels(lm), make_batch=make_batch,
-                     batch=BATCH)
+    return ModelSpec(name=name, preset=preset, module=WithLabels(lm, "input_ids"),
+                     make_batch=make_batch, batch=BATCH)
 
 
 def gpt2(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:

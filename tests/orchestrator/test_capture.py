@@ -4,13 +4,14 @@ weights; each through profile -> plan -> the executor, against one device."""
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 
 import pytest
 import torch
 from torch import nn
 
-from orchestrator.models import ModelSpec
+from orchestrator.models import ModelSpec, build
 from orchestrator.profile import partition, profile_model
 from orchestrator.profile.capture import capture
 from orchestrator.profile.trace import aten_name
@@ -25,6 +26,13 @@ HF = "tests.orchestrator.hf_models"
 STEPS = 3
 BATCH = 8
 LR = 0.1
+MICRO_BATCHES = 2
+
+
+@functools.cache
+def profiled(model: str, granularity: str = "module"):
+    """The model's profiled graph, once per test session (tests only read it)."""
+    return profile_model(model, repeats=1, warmup=0, granularity=granularity)
 
 
 def split_plan(graph, num_devices: int):
@@ -33,12 +41,12 @@ def split_plan(graph, num_devices: int):
     preset's two per node, so they are planned on a DGX-1's."""
     cluster = preset("cpu" if num_devices <= 2 else "dgx1-v100")
     return plan(graph, cluster, PlanConfig(num_devices=num_devices, objective="max-load",
-                                           num_micro_batches=2))
+                                           num_micro_batches=MICRO_BATCHES))
 
 
-def train_losses(model: str, the_plan, *, granularity: str = "module") -> list[float]:
+def train(model: str, the_plan, *, granularity: str = "module") -> tuple[list[float], nn.Module]:
     """Losses of STEPS SGD steps on one batch of `model`, run by the executor under
-    `the_plan` (one batch, so that the loss falls step after step)."""
+    `the_plan` (one batch, so that the loss falls step after step), and the model."""
     part, spec = partition(model, granularity=granularity)
     executor = PlanExecutor(
         OpPartition(part.module, {op.id: op.nodes for op in part.ops}), the_plan.assignment,
@@ -47,20 +55,22 @@ def train_losses(model: str, the_plan, *, granularity: str = "module") -> list[f
         batched=batched_inputs(spec.make_batch))
     optimizer = torch.optim.SGD(spec.module.parameters(), lr=LR)
     losses = []
-    for step in range(STEPS):
+    for _ in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
         losses.append(executor.step(spec.make_batch(BATCH), BATCH))
         optimizer.step()
-    return losses
+    return losses, spec.module
 
 
-def eager_losses(spec: ModelSpec) -> list[float]:
-    """The same steps on the model itself, unsplit and uncaptured."""
+def eager_losses(spec: ModelSpec, num_micro_batches: int) -> list[float]:
+    """The same steps on the model itself, unsplit and uncaptured (its buffers, such
+    as running statistics, see the same micro-batches)."""
     optimizer = torch.optim.SGD(spec.module.parameters(), lr=LR)
     losses = []
-    for step in range(STEPS):
+    for _ in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
-        loss = spec.module(*spec.make_batch(BATCH))
+        micro = zip(*(t.chunk(num_micro_batches) for t in spec.make_batch(BATCH)))
+        loss = sum(spec.module(*m) for m in micro) / num_micro_batches
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -69,27 +79,39 @@ def eager_losses(spec: ModelSpec) -> list[float]:
 
 def assert_trains_like_one_device(model: str, graph, spec: ModelSpec, *,
                                   granularity: str = "module") -> None:
-    eager = eager_losses(spec)
+    """mp1, mp2 and mp4 plans of `graph` train `model` as the eager `spec` does."""
+    eager = eager_losses(spec, num_micro_batches=MICRO_BATCHES)
     assert eager[-1] < eager[0] - 1e-3, "the steps must train, or equality shows nothing"
-    one = train_losses(model, plan(graph, preset("cpu"), PlanConfig(num_devices=1)),
-                       granularity=granularity)
+    one, trained = train(model, plan(graph, preset("cpu"), PlanConfig(
+        num_devices=1, num_micro_batches=MICRO_BATCHES)), granularity=granularity)
     assert one == pytest.approx(eager, abs=1e-5)
+    assert_same_buffers(trained, spec.module, exact_floats=True)
     for num_devices in (2, 4):
         split = split_plan(graph, num_devices)
         assert set(split.assignment.values()) == set(range(num_devices))
-        assert train_losses(model, split, granularity=granularity) == pytest.approx(
-            one, abs=1e-5), f"mp{num_devices}"
+        losses, trained = train(model, split, granularity=granularity)
+        assert losses == pytest.approx(one, abs=1e-5), f"mp{num_devices}"
+        assert_same_buffers(trained, spec.module, exact_floats=False)
+
+
+def assert_same_buffers(mine: nn.Module, theirs: nn.Module, *, exact_floats: bool) -> None:
+    """Buffers (running statistics, update counts) as the eager model left them. A plan
+    may run a layer's micro-batches in another order, and a running average weighs its
+    updates by their order, so under a split plan only the counts must match."""
+    for (name, a), b in zip(mine.named_buffers(), theirs.buffers(), strict=True):
+        if exact_floats or not a.is_floating_point():
+            assert torch.allclose(a, b, atol=1e-6), name
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
 def test_transformers_models_profile_plan_and_train_like_one_device(name):
     model = f"{HF}:{name}"
-    graph = profile_model(model, repeats=1, warmup=0)
+    graph = profiled(model)
     assert graph.metadata["capture"] == "export"
     # One op per layer call or attention function, not one op for the whole model.
     assert len(graph.ops) > 20
     assert any(op.attrs["layer_kind"] == "attention" for op in graph.ops)
-    _, spec = partition(model)
+    spec = build(model)
     assert_trains_like_one_device(model, graph, spec)
 
 
@@ -109,9 +131,9 @@ def test_aten_granularity_is_one_op_per_operator_and_runs_split():
     for op_id in _random_topological_order(part, seed=3):
         part.run_op(op_id, env)
     assert env[part.loss].item() == pytest.approx(expected, abs=1e-6)
-    graph = profile_model(model, repeats=1, warmup=0, granularity="aten")
+    graph = profiled(model, "aten")
     assert len(graph.ops) == len(part.ops) and graph.metadata["granularity"] == "aten"
-    assert_trains_like_one_device(model, graph, partition(model)[1], granularity="aten")
+    assert_trains_like_one_device(model, graph, build(model), granularity="aten")
 
 
 class TiedLM(nn.Module):
@@ -141,10 +163,10 @@ def tied(preset: str = "tiny") -> ModelSpec:
 
 @pytest.mark.parametrize("model", ["tests.orchestrator.test_capture:tied", f"{HF}:gpt2"])
 def test_ops_reading_a_tied_weight_share_a_colocation_group(model):
-    graph = profile_model(model, repeats=1, warmup=0)
-    _, spec = partition(model)
+    graph = profiled(model)
+    spec = build(model)
     weight = spec.module.get_submodule("embed" if "tied" in model
-                                       else "lm.transformer.wte").weight
+                                       else "model.transformer.wte").weight
     readers = [op for op in graph.ops if any(
         spec.module.get_parameter(p) is weight for p in op.attrs["params"])]
     assert len(readers) == 2 and readers[0].colocation is not None
@@ -187,3 +209,41 @@ def test_fx_failure_falls_back_to_export_grouped_by_layer():
         assert part.run((x, y)).item() == pytest.approx(module(x, y).item(), abs=1e-6)
     assert copy.deepcopy(captured.module)(*batch).item() == pytest.approx(
         module(*batch).item(), abs=1e-6)
+
+
+class Residual(nn.Module):
+    """A convolutional block written as HF's ResNet writes it: batch norm (running
+    statistics: buffers the step updates), `ReLU(inplace=True)` and `h += x`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                  nn.ReLU(inplace=True))
+        self.conv = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.stem(images)
+        h = self.conv(x)
+        h += x
+        h = torch.relu_(h)
+        return nn.functional.cross_entropy(self.head(h.mean((2, 3))), labels)
+
+
+def residual(preset: str = "tiny") -> ModelSpec:
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, 3, 8, 8, generator=generator).to(device),
+                torch.randint(0, 4, (batch,), generator=generator).to(device))
+
+    return ModelSpec(name="residual", preset=preset, module=Residual(), make_batch=make_batch,
+                     batch=BATCH)
+
+
+@pytest.mark.parametrize("granularity", ["aten", "core-aten"])
+def test_in_place_writes_and_running_statistics_survive_operator_granularity(granularity):
+    model = "tests.orchestrator.test_capture:residual"
+    graph = profiled(model, granularity)
+    assert graph.metadata["capture"] == "export"
+    spec = build(model)
+    assert_trains_like_one_device(model, graph, spec, granularity=granularity)
