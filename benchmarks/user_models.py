@@ -5,7 +5,7 @@ they are captured with torch.export) and a plain MLP (torch.fx).
     python -m benchmarks.user_models [--models gpt2,llama,bert,mlp] [--trials 3]
 
 Per model: ops in the graph, capture and profile seconds (`orchestrator profile`'s
-own figures, one CPU thread), then `benchmarks.runtime.mp_speedup`'s predicted and
+own figures, one CPU thread, one profile), then `benchmarks.runtime.mp_speedup`'s predicted and
 measured MP speedup at mp 2 on this machine's two cores (mp 1 against mp 2 with 1, 2
 and 4 micro-batches, alternating runs, the median of adjacent-run ratios), in
 independent profile-plan-measure trials.
@@ -14,7 +14,6 @@ independent profile-plan-measure trials.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
@@ -25,10 +24,10 @@ from benchmarks.runtime import mp_speedup, summarize
 from orchestrator.models import ModelSpec
 from orchestrator.profile import profile_model
 
-SEQ = 64
+SEQ = 32
 VOCAB = 4096
 #: One worker's batch (samples per step) for the MP figures.
-BATCH = {"gpt2": 16, "llama": 16, "bert": 16, "mlp": 256}
+BATCH = {"gpt2": 8, "llama": 8, "bert": 8, "mlp": 256}
 
 
 def _tokens(batch: int, *, device="cpu", seed: int = 0):
@@ -105,13 +104,10 @@ def main(argv: list[str]) -> None:
     print("| model | batch | ops | capture | capture s | profile s |")
     print("|---|---|---|---|---|---|")
     for name in names:
-        graphs = [profile_model(f"{__name__}:{name}", batch=BATCH[name])
-                  for _ in range(args.trials)]
-        md = graphs[0].metadata
-        print(f"| {name} | {BATCH[name]} | {len(graphs[0].ops)} | {md['capture']} | "
-              f"{statistics.median(g.metadata['capture_seconds'] for g in graphs):.2f} | "
-              f"{statistics.median(g.metadata['profile_seconds'] for g in graphs):.1f} |",
-              flush=True)
+        graph = profile_model(f"{__name__}:{name}", batch=BATCH[name])
+        md = graph.metadata
+        print(f"| {name} | {BATCH[name]} | {len(graph.ops)} | {md['capture']} | "
+              f"{md['capture_seconds']:.2f} | {md['profile_seconds']:.1f} |", flush=True)
     rows = [r for name in names for _ in range(args.trials)
             for r in mp_speedup(f"{__name__}:{name}", BATCH[name], args.rounds)]
     print("\n| model | batch | K | trials | median measured speedup | median predicted "

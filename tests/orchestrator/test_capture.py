@@ -246,3 +246,13 @@ def test_in_place_writes_and_running_statistics_survive_operator_granularity(gra
     assert graph.metadata["capture"] == "export"
     spec = build(model)
     assert_trains_like_one_device(model, graph, spec, granularity=granularity)
+
+
+def test_an_unknown_granularity_is_one_line_before_building_anything(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    code = main(["profile", "--model", "no.such.module:fn", "--granularity", "ops",
+                 "--quiet", "--out", str(tmp_path / "g.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--granularity 'ops': choose one of module, aten, core-aten" in err
