@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp")
+AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp", "user_models")
 
 
 def main(argv: list[str]) -> int:

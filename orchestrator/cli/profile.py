@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from orchestrator.profile.api import TARGETS, profile_model
+from orchestrator.profile.capture import GRANULARITIES
 from placement.cluster import preset
 from placement.graph import OpGraph
 from placement.io import save_graph
@@ -13,6 +14,9 @@ from placement.planner import PlanConfig, plan
 #: The cluster preset whose device is each --target.
 CLUSTER_FOR_TARGET = {"cpu": "cpu", "v100": "dgx1-v100", "a100": "dgx-a100",
                       "h100": "dgx-h100"}
+
+
+CAPTURE_NAMES = {"fx": "torch.fx", "export": "torch.export"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time steps per op of a recurrent model (default: the preset's)")
     p.add_argument("--target", default="cpu",
                    help=f"device kind to report: {', '.join(TARGETS)} (default: cpu)")
+    p.add_argument("--granularity", default="module",
+                   help=f"what one op is: {', '.join(GRANULARITIES)} (module: a layer or "
+                   "function, cheap elementwise work fused in; aten: one ATen operator as "
+                   "the model calls it, captured with torch.export, no fusion; core-aten: "
+                   "one operator of PyTorch's Core ATen set; default: module)")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per op (median)")
     p.add_argument("--out", required=True, help="write the op graph JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -37,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     graph = profile_model(args.model, preset=args.preset, batch=args.batch,
                           seq_chunk=args.seq_chunk, target=args.target,
-                          repeats=args.repeats, progress=not args.quiet)
+                          repeats=args.repeats, progress=not args.quiet,
+                          granularity=args.granularity)
     save_graph(graph, args.out)
     print(summary(graph, args.target))
     print(f"  wrote {args.out}")
@@ -54,7 +64,9 @@ def summary(graph: OpGraph, target: str) -> str:
         kinds[kind] = kinds.get(kind, 0) + 1
     source = md["cpu_times"] if target == "cpu" else md["gpu_times"]
     return "\n".join([
-        f"{graph.name}: {len(graph.ops)} ops, {len(graph.edges)} edges, batch {md['batch']}"
+        f"{graph.name}: {len(graph.ops)} ops ({md['granularity']} granularity, captured "
+        f"with {CAPTURE_NAMES[md['capture']]} in {md['capture_seconds']:.2f} s), "
+        f"{len(graph.edges)} edges, batch {md['batch']}"
         + (f", {md['seq_chunk']} time steps per op" if md.get("seq_chunk") else ""),
         "  ops by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
         f"  parameters {md['param_bytes'] / 4:,.0f} ({md['param_bytes'] / 2**20:,.1f} MiB)"

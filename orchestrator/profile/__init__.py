@@ -3,14 +3,17 @@
 Public API
 ----------
 `profile_model(model, preset="tiny", batch=None, seq_chunk=None, target="cpu",
-repeats=5) -> OpGraph` traces the model with torch.fx, cuts it into ops, and costs each
-op (see `orchestrator.profile.costs`). `partition(model, ...) -> (Partition, ModelSpec)`
-gives the executor the same cut without costing it.
+repeats=5, granularity="module") -> OpGraph` captures the model's step (torch.fx, or
+torch.export where fx fails or at `aten` granularity: see
+`orchestrator.profile.capture`), cuts it into ops, and costs each op (see
+`orchestrator.profile.costs`). `partition(model, ..., granularity=...) -> (Partition,
+ModelSpec)` gives the executor the same cut without costing it.
 
 The partition contract (what the executor of issue 6 relies on)
 ----------------------------------------------------------------
-A `Partition` (orchestrator.profile.trace) holds the traced `fx.GraphModule`
-(`part.module`, whose parameters are the model's own) and:
+A `Partition` (orchestrator.profile.trace) holds the captured `fx.GraphModule`
+(`part.module`, whose parameters are the model's own; an exported one holds ATen
+operators) and:
 
 - `placeholders`: the batch tensors' node names, in the order of `module(*batch)`.
 - `prologue`: nodes computed from the batch alone (shapes, index arithmetic). They need
@@ -19,9 +22,9 @@ A `Partition` (orchestrator.profile.trace) holds the traced `fx.GraphModule`
 - `ops[i]` (op id i, the same id as in the OpGraph; ids are a topological order):
   `nodes` (fx node names in execution order), `inputs` (names of values computed by
   other ops that this op reads), `outputs` (names of its values read by other ops, or
-  the loss), `params` (qualified names of the parameters its nodes use). Ops that share a
-  parameter share a colocation group in the OpGraph, so each parameter lives on one
-  device.
+  the loss), `params` (qualified names of the parameters its nodes use; a tied weight
+  under its first name only). Ops that share a parameter share a colocation group in
+  the OpGraph, so each parameter lives on one device.
 - `edges[(src, dst)]`: the value names flowing from op src to op dst (each is a tensor;
   its bytes are the OpGraph edge's bytes). The OpGraph has exactly these edges.
 - `part.run_op(i, env)`: evaluates op i's nodes with `env` (a dict name -> value that

@@ -15,7 +15,9 @@ from orchestrator.profile.costs import (OpCost, activation_bytes, measure_op,
                                         measure_split_costs, op_signature, reference_env,
                                         step_peak_bytes, time_ops)
 from orchestrator.profile.roofline import Efficiency, op_time_s
-from orchestrator.profile.trace import Partition, partition as cut, trace
+from orchestrator.profile.capture import GRANULARITIES, Capture, capture
+from orchestrator.profile.trace import Partition, aten_name
+from orchestrator.runtime.executor import batched_inputs
 from placement.cluster import A100, H100, V100, DeviceKind, preset as cluster_preset
 from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
@@ -27,11 +29,26 @@ PROJECTED_KINDS = ("v100", "a100", "h100")
 
 
 def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
-              device: str | torch.device | None = None,
-              seed: int = 0) -> tuple[Partition, ModelSpec]:
-    """Build `model` (weights from `seed`) and cut its traced step into ops."""
+              device: str | torch.device | None = None, seed: int = 0,
+              granularity: str = "module") -> tuple[Partition, ModelSpec]:
+    """Build `model` (weights from `seed`) and cut its captured step into ops."""
+    part, spec, _ = _captured(model, preset=preset, seq_chunk=seq_chunk, device=device,
+                              seed=seed, granularity=granularity)
+    return part, spec
+
+
+def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: int,
+              granularity: str) -> tuple[Partition, ModelSpec, Capture]:
+    if granularity not in GRANULARITIES:
+        raise UserError(f"unknown --granularity {granularity!r}: choose one of "
+                        f"{', '.join(GRANULARITIES)}")
     spec = build(model, preset, seq_chunk=seq_chunk, device=device, seed=seed)
-    return cut(trace(spec.module, spec.name)), spec
+    # torch.export traces an example batch (two samples at least, so that the samples
+    # dimension is not specialised to 1); fx tracing needs none.
+    example = spec.make_batch(max(spec.batch, 2), device=device or "cpu")
+    captured = capture(spec.module, example, batched_inputs(spec.make_batch),
+                       granularity=granularity, name=spec.name)
+    return captured.partition(), spec, captured
 
 
 @contextmanager
@@ -48,7 +65,7 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                   seq_chunk: int | None = None, target: str = "cpu", repeats: int = 5,
                   warmup: int = 2, efficiency: Efficiency | None = None,
                   extra_kinds: tuple[DeviceKind, ...] = (),
-                  progress: bool = False) -> OpGraph:
+                  progress: bool = False, granularity: str = "module") -> OpGraph:
     """Trace, cut and cost `model` (a registered name or "MODULE:FN").
 
     `paper` presets are built on the meta device: no weight is allocated, op times for
@@ -57,6 +74,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     `cpu` and each GPU kind in PROJECTED_KINDS; `target` names the kind the graph is
     meant for (recorded in its metadata, and the one `summary` reports);
     `extra_kinds` adds projected times for more device kinds (keyed by their names).
+    `granularity`: `module` (layers and functions), `aten` or `core-aten` (one op per
+    ATen operator); see `orchestrator.profile.capture`.
     """
     if target not in TARGETS:
         raise UserError(f"unknown --target {target!r}: choose one of {', '.join(TARGETS)}")
@@ -64,7 +83,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
         raise UserError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
     start = time.perf_counter()
     device = "meta" if preset == "paper" else "cpu"
-    part, spec = partition(model, preset=preset, seq_chunk=seq_chunk, device=device)
+    part, spec, captured = _captured(model, preset=preset, seq_chunk=seq_chunk,
+                                     device=device, seed=0, granularity=granularity)
     batch = spec.batch if batch is None else batch
     if batch < 1:
         raise UserError(f"--batch {batch} must be >= 1")
@@ -94,7 +114,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
         memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, timed=timed, batch=batch,
                       target=target, extra_kinds=extra_kinds)
-    metadata = dict(graph.metadata, **memory,
+    metadata = dict(graph.metadata, **memory, granularity=granularity,
+                    capture=captured.method, capture_seconds=round(captured.seconds, 3),
                     profile_seconds=round(time.perf_counter() - start, 3))
     if timed:
         metadata["split_overhead"] = {"cpu": round(split.overhead, 4)}
@@ -143,6 +164,17 @@ def _kernel_size(part: Partition, anchor) -> list[int] | None:
     if isinstance(size, tuple | list) and all(isinstance(k, int) for k in size):
         return list(size)
     return None
+
+
+def _output_node(op, anchor) -> str:
+    """The node whose shape is an op's `output_shape`: a traced op's anchor (a recurrent
+    chunk's outputs are its second node), an exported op's last output (its first
+    operators are often views of the input)."""
+    if op.kind == "lstm":
+        return op.nodes[1]
+    if aten_name(anchor) is not None and op.outputs:
+        return op.outputs[-1]
+    return op.nodes[0]
 
 
 def _colocation(part: Partition) -> dict[int, str]:
@@ -201,10 +233,9 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
         attrs = {
             "layer_kind": op.kind,
             "module": op.module,
-            "output_shape": _shape(env[op.nodes[0]] if op.kind != "lstm"
-                                   else env[op.nodes[1]]),
-            "input_shapes": [_shape(env[a.name]) if a.op != "get_attr"
-                             else list(params[a.target].shape)
+            "output_shape": _shape(env[_output_node(op, anchor)]),
+            "input_shapes": [_shape(env[a.name] if a.op != "get_attr"
+                                    else part.eval_node(a, env))
                              for a in anchor.all_input_nodes],
             "output_shapes": {name: _shape(env[name]) for name in op.outputs},
             "forward_flops": cost.forward_flops,
@@ -213,7 +244,7 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
             "fx_nodes": list(op.nodes),
         }
         if op.kind in ("conv2d", "linear") and anchor.op == "call_module":
-            attrs["weight_shape"] = list(params[f"{anchor.target}.weight"].shape)
+            attrs["weight_shape"] = list(part.module.get_submodule(anchor.target).weight.shape)
         kernel = _kernel_size(part, anchor)
         if kernel is not None:
             attrs["kernel_size"] = kernel

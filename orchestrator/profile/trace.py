@@ -1,7 +1,9 @@
 """From a module to a partition: the fx graph cut into ops, in the order of our op graph.
 
 Tracing keeps torch.nn layers and the classes registered with
-`orchestrator.models.layers.leaf_module` whole. Every node then falls in one of:
+`orchestrator.models.layers.leaf_module` whole; a graph captured with torch.export
+(`orchestrator.profile.capture`) holds ATen operators instead, each with the module call
+it came from. Every node then falls in one of:
 
 - an *input*: a placeholder (a batch tensor) or a get_attr of something that is not a
   trainable parameter; available to every op.
@@ -13,6 +15,17 @@ Tracing keeps torch.nn layers and the classes registered with
   (the largest op id among its inputs), so ops are created in a topological order and
   every edge goes from a lower op id to a higher one. A cheap node whose inputs are only
   parameters and inputs (a parameter's view) joins the smallest op that consumes it.
+  In an exported graph, the ATen nodes of one call of a layer (a module without
+  children: Linear, LayerNorm, HF's Conv1D) form one op, cheap unless one of them is
+  not (a Dropout call fuses, an RMSNorm call is an op). With `fuse=False` (operator
+  granularity) every ATen node is an op of its own; only `getitem`, which picks an
+  element of a tuple an operator returned, joins its producer. A node whose value no
+  one reads (an assertion, a buffer's in-place update) joins its latest producer, or,
+  if it has none (`num_batches_tracked += 1`), the op that follows it.
+
+Parameters are named by their first qualified name (`named_parameters()`): a tied
+weight, reachable under two names, is one parameter, so the ops reading it share a
+colocation group.
 """
 
 from __future__ import annotations
@@ -33,7 +46,12 @@ from placement.errors import UserError
 
 
 class TraceFailure(UserError):
-    pass
+    """A model that cannot be captured: `problem`, then `fix` (what to change)."""
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        super().__init__(f"{problem}; {fix}" if fix else problem)
+        self.problem = problem
+        self.fix = fix
 
 
 class _Tracer(fx.Tracer):
@@ -65,8 +83,8 @@ def trace(module: nn.Module, name: str = "model") -> fx.GraphModule:
                                                              type(module).__name__)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise TraceFailure(
-            f"cannot trace {name}: module {path!r} ({cls}) failed: {reason}; mark "
-            f"{cls} as a leaf (decorate the class with "
+            f"cannot trace {name}: module {path!r} ({cls}) failed: {reason}",
+            f"mark {cls} as a leaf (decorate the class with "
             "@orchestrator.models.layers.leaf_module) so it becomes one op") from None
     return fx.GraphModule(module, graph, name)
 
@@ -106,7 +124,42 @@ _FUNCTION_KINDS = {
 }
 
 
+#: ATen operators (by packet name) cheap enough to fuse into their producer's op.
+_CHEAP_ATEN = {
+    "view", "_unsafe_view", "reshape", "flatten", "squeeze", "unsqueeze", "transpose", "t",
+    "permute", "expand", "contiguous", "clone", "alias", "detach", "slice", "select",
+    "split", "split_with_sizes", "chunk", "unbind", "add", "sub", "mul", "div", "neg",
+    "rsqrt", "sqrt", "pow", "tanh", "sigmoid", "relu", "relu_", "gelu", "silu", "dropout",
+    "native_dropout", "to", "_to_copy", "type_as", "masked_fill", "where",
+}
+#: Op kinds (the vocabulary of Op.attrs) of ATen operators, by packet name.
+_ATEN_KINDS = {
+    "linear": "linear", "addmm": "linear", "mm": "linear", "bmm": "linear",
+    "matmul": "linear", "baddbmm": "linear", "conv2d": "conv2d", "convolution": "conv2d",
+    "embedding": "embedding", "layer_norm": "norm", "native_layer_norm": "norm",
+    "batch_norm": "norm", "_native_batch_norm_legit_functional": "norm",
+    "_native_batch_norm_legit_no_training": "norm", "native_batch_norm": "norm",
+    "group_norm": "norm", "softmax": "softmax", "_softmax": "softmax",
+    "log_softmax": "softmax", "_log_softmax": "softmax", "logsumexp": "softmax",
+    "scaled_dot_product_attention": "attention",
+    "_scaled_dot_product_flash_attention_for_cpu": "attention",
+    "cross_entropy_loss": "loss", "nll_loss": "loss", "nll_loss_forward": "loss",
+    "mse_loss": "loss", "max_pool2d": "pool", "max_pool2d_with_indices": "pool",
+    "avg_pool2d": "pool", "adaptive_avg_pool2d": "pool", "_adaptive_avg_pool2d": "pool",
+    "cat": "concat", "stack": "concat",
+}
+
+
+def aten_name(node: fx.Node) -> str | None:
+    """The ATen packet name of an exported graph's node (None for other nodes)."""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        return node.target.overloadpacket.__name__
+    return None
+
+
 def is_cheap(node: fx.Node, gm: fx.GraphModule) -> bool:
+    if aten_name(node) is not None:
+        return aten_name(node) in _CHEAP_ATEN
     if node.op == "call_function":
         return node.target in _CHEAP_FUNCTIONS
     if node.op == "call_method":
@@ -124,6 +177,8 @@ def layer_kind(node: fx.Node, gm: fx.GraphModule) -> str:
             if isinstance(sub, types):
                 return kind
         return getattr(sub, "layer_kind", "other")
+    if aten_name(node) in _ATEN_KINDS:
+        return _ATEN_KINDS[aten_name(node)]
     if node.op == "call_function" and node.target in _FUNCTION_KINDS:
         return _FUNCTION_KINDS[node.target]
     if node.op == "call_method" and node.target in ("matmul", "mm", "bmm"):
@@ -255,9 +310,27 @@ def _fetch_attr(module: nn.Module, target: str) -> Any:
     return obj
 
 
-def partition(gm: fx.GraphModule) -> Partition:
-    """Cut a traced module into ops (see the module docstring for the rules)."""
-    params = {name for name, _ in gm.named_parameters()}
+def parameter_names(module: nn.Module) -> dict[str, str]:
+    """Every qualified name of a trainable parameter, tied aliases included -> the
+    parameter's first name (the one `named_parameters()` gives)."""
+    first: dict[int, str] = {}
+    names = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names[name] = first.setdefault(id(p), name)
+    return names
+
+
+#: A module call: (key unique to the call, the module's qualified name).
+Unit = tuple[str, str]
+
+
+def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
+              fuse: bool = True) -> Partition:
+    """Cut a traced or exported module into ops (see the module docstring for the
+    rules). `units`: node name -> the layer call it belongs to, for exported graphs;
+    `fuse=False`: one op per operator."""
+    units = units or {}
+    params = parameter_names(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
     placeholders = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
     free = set(placeholders)        # inputs and prologue: no op, no gradient
@@ -265,6 +338,9 @@ def partition(gm: fx.GraphModule) -> Partition:
     anchors: list[fx.Node] = []
     deferred: list[fx.Node] = []
     prologue: list[str] = []
+    unit_op: dict[str, int] = {}
+    writes: list[fx.Node] = []
+    cheap_units = _cheap_units(gm, units)
     output = None
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -278,17 +354,37 @@ def partition(gm: fx.GraphModule) -> Partition:
             continue
         inputs = n.all_input_nodes
         if n.op != "call_module" and all(i.name in free for i in inputs):
+            if not n.users and _writes(n):
+                # A buffer's in-place update that nothing reads (BatchNorm's
+                # num_batches_tracked += 1): the executor computes only the prologue
+                # values ops read, so it runs in the op that follows it.
+                writes.append(n)
+                continue
             free.add(n.name)
             prologue.append(n.name)
             continue
         producer_ops = [group[i.name] for i in inputs if i.name in group]
-        if is_cheap(n, gm) and producer_ops:
-            group[n.name] = max(producer_ops)
-        elif is_cheap(n, gm) and n.op != "call_module":
+        latest = max(producer_ops, default=-1)
+        unit = units.get(n.name)
+        if unit is not None and unit[0] in unit_op and unit_op[unit[0]] >= latest:
+            group[n.name] = unit_op[unit[0]]
+        elif producer_ops and (not n.users or n.target is operator.getitem):
+            # Not an operator of its own: no op, and no layer call, starts here.
+            group[n.name] = latest
+            continue
+        elif producer_ops and fuse and _fuses(n, gm, unit, cheap_units):
+            group[n.name] = latest
+        elif fuse and is_cheap(n, gm) and n.op != "call_module" and unit is None:
             deferred.append(n)
         else:
             group[n.name] = len(anchors)
             anchors.append(n)
+        if unit is not None:
+            unit_op[unit[0]] = group[n.name]
+        if n.name in group:
+            group.update((w.name, group[n.name]) for w in writes)
+            writes.clear()
+    group.update((w.name, len(anchors) - 1) for w in writes)
     for n in reversed(deferred):
         consumers = [group[u.name] for u in n.users if u.name in group]
         assert consumers, f"{n.name} computes from parameters but no op uses it"
@@ -300,11 +396,31 @@ def partition(gm: fx.GraphModule) -> Partition:
         raise UserError("the model must return one loss tensor computed from its "
                         "parameters: make forward(*batch) return the scalar loss")
     return _assemble(gm, nodes, placeholders, tuple(prologue), group, anchors, params,
-                     loss_node.name)
+                     loss_node.name, units)
+
+
+def _writes(n: fx.Node) -> bool:
+    """Whether an ATen node writes into one of its arguments."""
+    return aten_name(n) is not None and n.target._schema.is_mutable
+
+
+def _cheap_units(gm: fx.GraphModule, units: Mapping[str, Unit]) -> set[str]:
+    """The layer calls all of whose nodes are cheap (they fuse like one cheap node)."""
+    cheap = {unit[0] for unit in units.values()}
+    for n in gm.graph.nodes:
+        if n.name in units and not is_cheap(n, gm):
+            cheap.discard(units[n.name][0])
+    return cheap
+
+
+def _fuses(n: fx.Node, gm: fx.GraphModule, unit: Unit | None, cheap_units: set[str]) -> bool:
+    if unit is not None:
+        return unit[0] in cheap_units
+    return is_cheap(n, gm)
 
 
 def _assemble(gm, nodes, placeholders, prologue, group, anchors, params,
-              loss: str) -> Partition:
+              loss: str, units: Mapping[str, Unit]) -> Partition:
     num_ops = len(anchors)
     members: list[list[str]] = [[] for _ in range(num_ops)]
     for n in gm.graph.nodes:
@@ -322,16 +438,19 @@ def _assemble(gm, nodes, placeholders, prologue, group, anchors, params,
         if readers or name == loss:
             outputs[g].append(name)
     order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    called = [_called_module(a, units) for a in anchors]
     call_counts: dict[str, int] = {}
-    for a in anchors:
-        if a.op == "call_module":
-            call_counts[a.target] = call_counts.get(a.target, 0) + 1
+    for target in called:
+        if target is not None:
+            call_counts[target] = call_counts.get(target, 0) + 1
     seen: dict[str, int] = {}
     ops = []
     for i, a in enumerate(anchors):
-        module, name = _anchor_names(a, call_counts, seen)
+        module, name = _anchor_names(a, called[i], call_counts, seen)
         ops.append(OpNodes(
-            id=i, name=name, module=module, kind=layer_kind(a, gm),
+            id=i, name=name, module=module,
+            kind=(_unit_kind([nodes[m] for m in members[i]], gm) if a.name in units
+                  else layer_kind(a, gm)),
             nodes=tuple(members[i]),
             inputs=tuple(sorted(set(inputs[i]), key=order.__getitem__)),
             outputs=tuple(sorted(outputs[i], key=order.__getitem__)),
@@ -343,23 +462,41 @@ def _assemble(gm, nodes, placeholders, prologue, group, anchors, params,
                      loss=loss, loss_op=group[loss], nodes=nodes)
 
 
-def _anchor_names(a: fx.Node, call_counts: dict[str, int],
+def _called_module(a: fx.Node, units: Mapping[str, Unit]) -> str | None:
+    """The module an op is one call of (a traced leaf, an exported layer), if any."""
+    if a.op == "call_module":
+        return a.target
+    return units[a.name][1] if a.name in units else None
+
+
+def _unit_kind(members: list[fx.Node], gm: fx.GraphModule) -> str:
+    """The kind of an exported layer call: that of its first operator that is not
+    elementwise (a Conv1D call is addmm and views: linear)."""
+    kinds = [layer_kind(n, gm) for n in members]
+    return next((k for k in kinds if k not in ("elementwise", "other")), kinds[0])
+
+
+def _anchor_names(a: fx.Node, called: str | None, call_counts: dict[str, int],
                   seen: dict[str, int]) -> tuple[str, str]:
     """(module path, op name): a module called once keeps its path; one called per
     chunk gets `path[k]` for its k-th call; a function gets `module.path/node`."""
-    if a.op == "call_module":
-        k = seen.get(a.target, 0)
-        seen[a.target] = k + 1
-        return a.target, a.target if call_counts[a.target] == 1 else f"{a.target}[{k}]"
+    if called is not None:
+        k = seen.get(called, 0)
+        seen[called] = k + 1
+        return called, called if call_counts[called] == 1 else f"{called}[{k}]"
     stack = a.meta.get("nn_module_stack") or {}
     path = next(reversed(stack.values()))[0] if stack else ""
     return path, f"{path}/{a.name}" if path else a.name
 
 
-def _op_params(gm: fx.GraphModule, members: list[fx.Node], params: set[str]) -> tuple[str, ...]:
+def _op_params(gm: fx.GraphModule, members: list[fx.Node],
+               params: Mapping[str, str]) -> tuple[str, ...]:
+    """The canonical names of the parameters an op's nodes use."""
     used: list[str] = []
     for n in members:
         if n.op == "call_module":
-            used += [f"{n.target}.{p}" for p, _ in gm.get_submodule(n.target).named_parameters()]
-        used += [i.target for i in n.all_input_nodes if i.op == "get_attr" and i.target in params]
+            used += [params[f"{n.target}.{p}"] for p, _ in
+                     gm.get_submodule(n.target).named_parameters(remove_duplicate=False)]
+        used += [params[i.target] for i in n.all_input_nodes
+                 if i.op == "get_attr" and i.target in params]
     return tuple(dict.fromkeys(used))

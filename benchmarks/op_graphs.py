@@ -1,0 +1,152 @@
+"""Operator-level training graphs, for the placer's benchmarks at scale.
+
+    python -m benchmarks.op_graphs OUT_DIR [--granularity core-aten] [--models bert3 ...]
+
+Writes OUT_DIR/<model>_training.json for BERT with 3, 6 and 12 layers (transformers
+`BertForMaskedLM`, BERT-base width: hidden 768, 12 heads, sequence 128, its own
+masked-LM loss on 15% of the tokens, dropout 0.1 as published) and ResNet-50
+(`ResNetForImageClassification`, bottleneck blocks [3, 4, 6, 3], 224x224 images, its own
+classification loss), batch 8. Each is profiled (`orchestrator.profile.profile_model`,
+`paper` preset: built on the meta device, so no weight is allocated and shapes, FLOPs
+and bytes are exact, times projected by the roofline for cpu, v100, a100 and h100) at
+operator granularity, then unrolled into an explicit training graph: op i's backward
+is op N + i (`is_backward`), the gradient of each edge u -> v is an edge v' -> u' of
+the same size, each sink op feeds its own backward, and every op sits in one
+colocation group with its backward (and with any op that shares a parameter with it),
+as in the peer training graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from orchestrator.models import ModelSpec
+from orchestrator.profile import profile_model
+from orchestrator.profile.capture import GRANULARITIES
+from placement.graph import Edge, Op, OpGraph
+from placement.io import save_graph
+
+BATCH = 8
+SEQ = 128
+BERT_VOCAB = 30522
+IMAGE = 224
+CLASSES = 1000
+#: Share of the tokens a masked-LM step predicts (Devlin et al. 2019).
+MASKED = 0.15
+
+
+class WithLabels(nn.Module):
+    """`forward(inputs, labels)` -> the transformers model's own loss."""
+
+    def __init__(self, model: nn.Module, input_name: str) -> None:
+        super().__init__()
+        self.model = model
+        self.input_name = input_name
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(**{self.input_name: inputs}, labels=labels).loss
+
+
+def _bert(preset: str, num_layers: int) -> ModelSpec:
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(num_hidden_layers=num_layers, max_position_embeddings=SEQ)
+
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, BERT_VOCAB, (batch, SEQ), generator=generator)
+        masked = torch.rand(batch, SEQ, generator=generator) < MASKED
+        return ids.to(device), torch.where(masked, ids, -100).to(device)
+
+    return ModelSpec(name=f"bert{num_layers}", preset=preset,
+                     module=WithLabels(BertForMaskedLM(config), "input_ids"),
+                     make_batch=make_batch, batch=BATCH)
+
+
+def bert3(preset: str = "paper") -> ModelSpec:
+    return _bert(preset, 3)
+
+
+def bert6(preset: str = "paper") -> ModelSpec:
+    return _bert(preset, 6)
+
+
+def bert12(preset: str = "paper") -> ModelSpec:
+    return _bert(preset, 12)
+
+
+def resnet50(preset: str = "paper") -> ModelSpec:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(layer_type="bottleneck", depths=[3, 4, 6, 3], num_labels=CLASSES)
+
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        images = torch.randn(batch, 3, IMAGE, IMAGE, generator=generator)
+        return images.to(device), torch.randint(0, CLASSES, (batch,),
+                                                generator=generator).to(device)
+
+    return ModelSpec(name="resnet50", preset=preset,
+                     module=WithLabels(ResNetForImageClassification(config), "pixel_values"),
+                     make_batch=make_batch, batch=BATCH)
+
+
+MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50}
+
+
+def training_graph(graph: OpGraph) -> OpGraph:
+    """`graph` with every op's backward as an op of its own (see the module docstring)."""
+    n = len(graph.ops)
+    assert [op.id for op in graph.ops] == list(range(n)), "profiled ids are 0..N-1"
+    group = [op.colocation or f"op{op.id}" for op in graph.ops]
+    into: dict[int, float] = {}
+    for e in graph.edges:
+        into[e.dst] = into.get(e.dst, 0.0) + e.bytes
+    forward = [Op(id=op.id, name=op.name, forward_s=op.forward_s, backward_s={},
+                  output_bytes=op.output_bytes, param_bytes=op.param_bytes,
+                  activation_bytes=op.activation_bytes, colocation=group[op.id],
+                  attrs=op.attrs) for op in graph.ops]
+    backward = [Op(id=n + op.id, name=f"{op.name}/backward", forward_s=op.backward_s,
+                   backward_s={}, is_backward=True, output_bytes=into.get(op.id, 0.0),
+                   colocation=group[op.id],
+                   attrs={"layer_kind": op.attrs.get("layer_kind"), "forward_op": op.id})
+                for op in graph.ops]
+    sinks = set(range(n)) - {e.src for e in graph.edges}
+    edges = (*graph.edges,
+             *(Edge(src=n + e.dst, dst=n + e.src, bytes=e.bytes) for e in graph.edges),
+             *(Edge(src=s, dst=n + s, bytes=0.0) for s in sorted(sinks)))
+    metadata = dict(graph.metadata, training_graph="explicit backward ops")
+    return OpGraph(ops=(*forward, *backward), edges=edges, name=f"{graph.name}-training",
+                   metadata=metadata)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.op_graphs",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="directory to write <model>_training.json into")
+    parser.add_argument("--granularity", default="core-aten", choices=GRANULARITIES[1:])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.models:
+        started = time.perf_counter()
+        graph = training_graph(profile_model(f"{__name__}:{name}", preset="paper",
+                                             target="v100", granularity=args.granularity))
+        path = out / f"{name}_training.json"
+        save_graph(graph, path)
+        print(f"{path}: {len(graph.ops)} ops, {len(graph.edges)} edges, "
+              f"{len(graph.colocation_groups())} colocation groups, "
+              f"{graph.total_param_bytes() / 2**20:,.1f} MiB of parameters "
+              f"({time.perf_counter() - started:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,212 @@
+"""Capture a model's training step as an fx graph that `trace.partition` cuts into ops.
+
+- Granularity `module` (the default): torch.fx symbolic tracing where it works, so the
+  built-in models keep the ops they have always been cut into (torch layers and
+  functions) and their measured speed. Where it fails (data-dependent Python control
+  flow, iteration over proxies, modules built inside `forward`: today's transformers
+  models), `torch.export` traces through the Python code instead, and the partition
+  groups its ATen operators by the layer call each came from (`nn_module_stack`).
+- Granularity `aten`: always torch.export, one op per ATen operator as the model calls
+  it (torch.export's training IR: `linear`, `layer_norm`, `scaled_dot_product_attention`
+  stay whole), without fusion.
+- Granularity `core-aten`: the same, decomposed into PyTorch's Core ATen operator set
+  (`run_decompositions`: `linear` becomes `permute` + `addmm`, attention its matmuls and
+  softmax), about twice the ops. Some models do not decompose with symbolic batch sizes
+  (GPT-2's Conv1D views, in torch 2.13); they say so.
+
+torch.export specialises the graph to the example batch's shapes; the samples
+dimension of the batched inputs stays symbolic (`Dim.AUTO`), so a micro-batch of any
+size runs the same graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+from torch.export import Dim
+
+from orchestrator.profile.trace import (Partition, TraceFailure, Unit, aten_name, partition,
+                                        trace)
+
+#: --granularity values: `module` (layers and functions), `aten` (ATen operators),
+#: `core-aten` (Core ATen operators).
+GRANULARITIES = ("module", "aten", "core-aten")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Capture:
+    module: fx.GraphModule
+    """Runs `module(*batch) -> loss`; its parameters are the model's own."""
+    method: str
+    """`fx` (symbolic tracing) or `export` (torch.export)."""
+    units: Mapping[str, Unit]
+    """Exported graphs at module granularity: node name -> the layer call it is in."""
+    fuse: bool
+    """False at operator granularity: every ATen operator is one op."""
+    seconds: float
+    """Wall time of the capture."""
+
+    def partition(self) -> Partition:
+        return partition(self.module, units=self.units, fuse=self.fuse)
+
+
+def capture(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[bool], *,
+            granularity: str = "module", name: str = "model") -> Capture:
+    """Capture `module`'s step on the example `batch`; `batched[i]`: whether input i
+    carries the samples along dim 0."""
+    assert granularity in GRANULARITIES, granularity
+    start = time.perf_counter()
+    if granularity == "module":
+        try:
+            gm = trace(module, name)
+            return Capture(module=gm, method="fx", units={}, fuse=True,
+                           seconds=time.perf_counter() - start)
+        except TraceFailure as failure:
+            gm = export(module, batch, batched, name, fx_failure=failure)
+        units = layer_calls(gm, module)
+    else:
+        gm = export(module, batch, batched, name, decompose=granularity == "core-aten")
+        units = {}
+    return Capture(module=gm, method="export", units=units, fuse=granularity == "module",
+                   seconds=time.perf_counter() - start)
+
+
+def export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[bool],
+           name: str, fx_failure: TraceFailure | None = None,
+           decompose: bool = False) -> fx.GraphModule:
+    """`module`'s step as an ATen graph returning the loss: torch.export's training IR
+    (autograd-able operators such as linear and layer_norm), or with `decompose` the
+    Core ATen IR."""
+    dynamic = tuple({0: Dim.AUTO} if b else None for b in batched)
+    try:
+        with _quiet():
+            exported = torch.export.export(module, tuple(batch), strict=False,
+                                           dynamic_shapes=dynamic)
+    except _EXPORT_ERRORS as err:
+        if fx_failure is None:
+            raise TraceFailure(f"cannot capture {name}: torch.export failed: "
+                               f"{_first_line(err)}", "make the step's Python control flow "
+                               "depend on shapes only, not on tensor values") from None
+        raise TraceFailure(f"{fx_failure.problem}; torch.export failed too: "
+                           f"{_first_line(err)}", fx_failure.fix) from None
+    if decompose:
+        try:
+            with _quiet():
+                exported = exported.run_decompositions()
+        except _EXPORT_ERRORS as err:
+            raise TraceFailure(f"cannot capture {name} at --granularity core-aten: "
+                               f"{_first_line(err)}", "use --granularity aten") from None
+    return _loss_module(exported.module(), name)
+
+
+#: What torch.export raises for a model it cannot capture.
+_EXPORT_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError,
+                  AssertionError)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep torch.export's own reports of a failure (warnings, and the partial graph it
+    prints to stderr) off the user's terminal: the failure's first line goes into our
+    one-line error."""
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _loss_module(gm: fx.GraphModule, name: str) -> fx.GraphModule:
+    """The exported module as a plain GraphModule the executor can split: `forward(*batch)`
+    returns the loss itself (not a pytree of outputs), no guard checks the inputs' shapes
+    (the executor runs micro-batches, whose size the guards would compare with the
+    example's), and no operator writes into an activation in place (see
+    `_out_of_place`) or into a buffer that another operator saved for its backward (see
+    `_snapshot_mutated_buffers`)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            graph.erase_node(node)
+    output = next(n for n in graph.nodes if n.op == "output")
+    flat = output.args[0]
+    if isinstance(flat, (tuple, list)) and len(flat) == 1:
+        output.args = (flat[0],)
+    _out_of_place(graph)
+    _snapshot_mutated_buffers(graph)
+    graph.set_codegen(fx.graph.CodeGen())
+    graph.lint()
+    return fx.GraphModule(gm, graph, name)
+
+
+def _out_of_place(graph: fx.Graph) -> None:
+    """Replace each in-place operator on an activation (`hidden += residual` in HF's
+    ResNet, `ReLU(inplace=True)`) by its out-of-place form, its later readers reading the
+    result. An op boundary hands the next op a detached copy of each input, which an
+    in-place write may not modify, and the write would not reach the other readers
+    anyway. Writes into buffers (running statistics) stay as they are."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        name = aten_name(node)
+        if name is None or not name.endswith("_") or name.startswith("_"):
+            continue
+        written = node.args[0]
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        functional = getattr(packet, node.target._overloadname, None) if packet else None
+        if not isinstance(written, fx.Node) or written.op == "get_attr" or functional is None:
+            continue
+        with graph.inserting_after(node):
+            result = graph.call_function(functional, node.args, node.kwargs)
+        result.meta = dict(node.meta)
+        node.replace_all_uses_with(result)
+        for reader in list(written.users):
+            if reader is not result and order.get(reader, len(order)) > order[node]:
+                reader.replace_input_with(written, result)
+        graph.erase_node(node)
+
+
+def _snapshot_mutated_buffers(graph: fx.Graph) -> None:
+    """Core ATen's functional batch norm saves the running statistics it reads for its
+    backward, and the graph then writes the updated statistics into those buffers
+    (`copy_`), which autograd refuses at the backward. Readers of a buffer that the
+    graph writes get a copy of it instead (taken from the inputs alone: prologue)."""
+    for node in list(graph.nodes):
+        if aten_name(node) != "copy_" or node.args[0].op != "get_attr":
+            continue
+        buffer = node.args[0]
+        readers = [u for u in buffer.users if u is not node]
+        if not readers:
+            continue
+        with graph.inserting_before(readers[0]):
+            snapshot = graph.call_function(torch.ops.aten.clone.default, (buffer,))
+        for reader in readers:
+            reader.replace_input_with(buffer, snapshot)
+
+
+def layer_calls(gm: fx.GraphModule, root: nn.Module) -> dict[str, Unit]:
+    """Node name -> (call key, module path) of the layer call (a module without child
+    modules) each exported node ran in; nodes outside any layer are left out."""
+    units = {}
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if node.op != "call_function" or not stack:
+            continue
+        key, (path, _type) = next(reversed(stack.items()))
+        try:
+            module = root.get_submodule(path)
+        except AttributeError:
+            continue
+        if next(module.children(), None) is None:
+            units[node.name] = (key, path)
+    return units

@@ -1,0 +1,56 @@
+"""Today's transformers models, unmodified, built from tiny configs (nothing downloaded),
+as `--model tests.orchestrator.hf_models:NAME` builders. Each takes its labels and
+returns its own loss (`WithLabels`: the module returns the step's scalar loss, as a
+ModelSpec's must); dropout is off, so split and unsplit steps compute the same."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from benchmarks.op_graphs import WithLabels
+from orchestrator.models import ModelSpec
+
+VOCAB = 96
+SEQ = 16
+BATCH = 8
+
+
+def make_batch(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, SEQ), generator=generator)
+    return ids.to(device), ids.clone().to(device)
+
+
+def _spec(name: str, preset: str, lm: nn.Module) -> ModelSpec:
+    return ModelSpec(name=name, preset=preset, module=WithLabels(lm, "input_ids"),
+                     make_batch=make_batch, batch=BATCH)
+
+
+def gpt2(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=num_layers, n_embd=32, n_head=2, vocab_size=VOCAB,
+                        n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)
+    return _spec("gpt2", preset, GPT2LMHeadModel(config))
+
+
+def llama(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=num_layers, hidden_size=32, intermediate_size=64,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                         max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=0,
+                         pad_token_id=0)
+    return _spec("llama", preset, LlamaForCausalLM(config))
+
+
+def bert(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(num_hidden_layers=num_layers, hidden_size=32, intermediate_size=64,
+                        num_attention_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        pad_token_id=0)
+    return _spec("bert", preset, BertForMaskedLM(config))
