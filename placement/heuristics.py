@@ -65,11 +65,13 @@ def group_sequence(tg: TaskGraph) -> list[int]:
 
 
 def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
-                     memory_cap: float) -> np.ndarray:
+                     memory_cap: float) -> np.ndarray | None:
     """The max-load-optimal split of the group sequence into at most `num_devices`
     consecutive intervals, by dynamic programming over interval costs (PipeDream's
     idea). An interval's max-load is its own: its work, the send cost of each of its
-    tasks with a successor outside, and the send cost of each outside task feeding it."""
+    tasks with a successor outside, and the send cost of each outside task feeding it.
+    None when no such split fits in memory (other placements may: the planner only
+    checks the total and the largest group)."""
     seq = group_sequence(tg)
     n = len(seq)
     tasks_of_group: list[list[int]] = [[] for _ in range(tg.num_groups)]
@@ -87,7 +89,8 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
             candidates = np.maximum(best[c - 1, :j], cost[:j, j])
             i = int(np.argmin(candidates))
             best[c, j], cut[c, j] = candidates[i], i
-    assert np.isfinite(best[num_devices, n]), "the planner checks that memory fits"
+    if not np.isfinite(best[num_devices, n]):
+        return None
     group_device = np.empty(tg.num_groups, dtype=np.int64)
     j, c = n, num_devices
     while j > 0:

@@ -185,12 +185,13 @@ def finish_plan(problem: Problem, group_device: np.ndarray, *, solver: str, stat
 def heuristic_placements(problem: Problem) -> dict[str, np.ndarray]:
     """Every baseline placer's placement, by name."""
     tg, k = problem.tg, problem.num_devices
-    return {
+    placements = {
         "single-device": heuristics.single_device(tg),
         "heft": heuristics.heft(tg, k, problem.group_memory, problem.memory_cap),
         "contiguous-dp": heuristics.contiguous_split(tg, k, problem.group_memory,
                                                      problem.memory_cap),
     }
+    return {name: gd for name, gd in placements.items() if gd is not None}
 
 
 def best_heuristic(problem: Problem) -> tuple[str, np.ndarray, float]:
