@@ -3,7 +3,7 @@
 import importlib
 import sys
 
-AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp")
+AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp", "max_load")
 
 
 def main(argv: list[str]) -> int:

@@ -73,50 +73,53 @@ def merged_senders(tg: TaskGraph, unit_of_group: np.ndarray) -> Senders:
 
 
 def ideal_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
-                memory_cap: float, *, host_work: np.ndarray | None = None,
+                memory_cap: float, *, upper: float | None = None,
+                host_work: np.ndarray | None = None,
                 max_ideals: int = MAX_IDEALS) -> IdealSplit | None:
     """The max-load-optimal contiguous split over ideals (see the module docstring).
 
-    `host_work` (per group) adds the peer program's CPU (`maxCPUs` 1 in its files): one
-    more device, without a memory cap, whose load is its groups' host time and which
-    pays no transfers (its neighbours still do). It gets device number `num_devices`.
+    `upper`: a max-load to beat (a caller's incumbent); the result is then the optimum
+    when it is below `upper`, else None. Without it, the contiguous heuristic's split
+    is the bound and the fallback. `host_work` (per group) adds the peer program's CPU
+    (`maxCPUs` 1 in its files): one more device, without a memory cap, whose load is
+    its groups' host time and which pays no transfers (its neighbours still do); it
+    gets device number `num_devices`. None also when no contiguous split fits.
     """
-    heuristic = contiguous_split(tg, num_devices, group_memory, memory_cap)
     block_of_group, block_preds = condensed_groups(tg)
-    # The heuristic bounds the DP only when its split is one of the family (with
-    # colocation the group sequence's intervals need not be).
-    upper = (max_load(tg, heuristic, num_devices)
-             if heuristic is not None and is_ideal_chain(block_of_group, block_preds,
-                                                         heuristic) else np.inf)
-    if not np.isfinite(upper):
-        heuristic = None
-    budget = max(1, min(max_ideals, MAX_IDEAL_CELLS // max(1, len(block_preds))))
+    fallback = None
+    if upper is None:
+        fallback = contiguous_split(tg, num_devices, group_memory, memory_cap)
+        # It bounds the DP only when its split is one of the family (with colocation
+        # the group sequence's intervals need not be).
+        if fallback is not None and is_ideal_chain(block_of_group, block_preds, fallback):
+            upper = max_load(tg, fallback, num_devices)
+        else:
+            fallback, upper = None, np.inf
+    num_blocks = len(block_preds)
+    budget = max(1, min(max_ideals, MAX_IDEAL_CELLS // max(1, num_blocks)))
     ideals = enumerate_ideals(block_preds, budget)
     if ideals is None:
-        return None if heuristic is None else IdealSplit(
-            group_device=heuristic, value=upper, exact=False, num_ideals=budget)
-    num_blocks = len(block_preds)
+        return None if fallback is None else IdealSplit(
+            group_device=fallback, value=upper, exact=False, num_ideals=budget)
     dp = _IdealDP(tg, num_devices, block_of_group, block_preds, ideals,
                   np.bincount(block_of_group, weights=group_memory, minlength=num_blocks),
                   memory_cap, upper,
                   None if host_work is None else np.bincount(
                       block_of_group, weights=host_work, minlength=num_blocks))
     pieces = dp.solve()
-    if pieces is None:
-        return None if heuristic is None else IdealSplit(
-            group_device=heuristic, value=upper, exact=True, num_ideals=len(ideals))
-    block_device = np.empty(num_blocks, dtype=np.int64)
-    device = 0
-    for piece, on_host in pieces:
-        block_device[_bits(piece)] = num_devices if on_host else device
-        device += not on_host
-    group_device = block_device[block_of_group]
-    value = split_value(tg, group_device, num_devices, host_work)
-    if value >= upper:
-        return IdealSplit(group_device=heuristic, value=upper, exact=True,
-                          num_ideals=len(ideals))
-    return IdealSplit(group_device=group_device, value=value, exact=True,
-                      num_ideals=len(ideals))
+    if pieces is not None:
+        block_device = np.empty(num_blocks, dtype=np.int64)
+        device = 0
+        for piece, on_host in pieces:
+            block_device[_bits(piece)] = num_devices if on_host else device
+            device += not on_host
+        group_device = block_device[block_of_group]
+        value = split_value(tg, group_device, num_devices, host_work)
+        if value < upper:
+            return IdealSplit(group_device=group_device, value=value, exact=True,
+                              num_ideals=len(ideals))
+    return None if fallback is None else IdealSplit(
+        group_device=fallback, value=upper, exact=True, num_ideals=len(ideals))
 
 
 def split_value(tg: TaskGraph, group_device: np.ndarray, num_devices: int,

@@ -14,6 +14,7 @@ import numpy as np
 
 from placement.coarsen import chain_clusters
 from placement.heuristics import group_sequence
+from placement.ideal_dp import ideal_split
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
@@ -93,6 +94,11 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
                                  memory_cap=problem.memory_cap, deadline=until)
         incumbent.offer(gd, value, f"{source} + local search")
 
+    # The optimum over contiguous splits: the MILP starts from it, so never loses to it.
+    ideal = ideal_split(tg, k, problem.group_memory, problem.memory_cap,
+                        upper=incumbent.value)
+    if ideal is not None:
+        incumbent.offer(ideal.group_device, ideal.value, "ideal-dp")
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
     if tg.num_groups > MAX_LOAD_FINE_GROUPS:
