@@ -16,10 +16,12 @@ def single_device(tg: TaskGraph) -> np.ndarray:
 
 
 def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
-         memory_cap: float) -> np.ndarray:
+         memory_cap: float) -> np.ndarray | None:
     """HEFT (Topcuoglu et al. 2002): tasks by upward rank with average transfer costs;
     each group goes to the device where its first scheduled task finishes earliest
-    (insertion into idle gaps), among devices with memory left for it."""
+    (insertion into idle gaps), among devices with memory left for it. None when a
+    group finds no device with memory left (the greedy order can strand one even
+    where a placement exists)."""
     average_comm = (num_devices - 1) / num_devices
     group_device = np.full(tg.num_groups, -1, dtype=np.int64)
     used = np.zeros(num_devices)
@@ -33,7 +35,8 @@ def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
         else:
             candidates = [d for d in range(num_devices)
                           if used[d] + group_memory[g] <= memory_cap]
-            assert candidates, "the planner checks that every group fits somewhere"
+            if not candidates:
+                return None
         best = None
         for d in candidates:
             ready = max((finish[p] + (c if dev_of_task[p] != d else 0.0)

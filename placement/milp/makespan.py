@@ -396,8 +396,8 @@ def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
         starts = [heuristics.heft(ctg, k, unit_memory, problem.memory_cap),
                   _project(incumbent.group_device, clusters, tg, k)]
     schedules = [(list_schedule(ctg, gd, k), gd) for gd in starts
-                 if np.bincount(gd, weights=unit_memory, minlength=k).max()
-                 <= problem.memory_cap]
+                 if gd is not None and np.bincount(gd, weights=unit_memory,
+                                                   minlength=k).max() <= problem.memory_cap]
     schedule, start_device = min(schedules, key=lambda x: x[0].step_time_s)
     # Only plans that beat the incumbent matter: its value bounds the time windows.
     data = makespan_data(ctg, unit_of_group, k, unit_memory, problem.memory_cap,
