@@ -18,8 +18,10 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks.milp import PEER, PEER_REFERENCE, TRAINING, layered_dag
-from placement.graph import OpGraph
+import numpy as np
+
+from benchmarks.milp import PEER, PEER_REFERENCE, TRAINING
+from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import contiguous_split
 from placement.ideal_dp import ideal_split
 from placement.io import load_graph
@@ -29,9 +31,44 @@ from placement.planner import PlanConfig, make_problem
 from placement.simulate import max_load
 from tests.placement.milp_cases import CLUSTER
 
-#: Generated operator-level training graphs: (forward ops, layer width). Width 3 is a
-#: transformer layer's Q/K/V fan-out; each op gets a backward task on its device.
-GENERATED = ((600, 3), (1500, 3), (3000, 2))
+#: Generated operator-level training graphs: transformer layers of 25 ATen-like ops.
+GENERATED_LAYERS = (24, 60, 120)
+
+#: One encoder layer at operator level: (name, forward time, inputs as offsets back
+#: in the layer's op list, output size in activations). Views cost almost nothing and
+#: attention scores are 4 activations; a transfer costs 3 per activation, which is
+#: about what an ATen op of a small BERT costs, so cuts are as dear as real ones.
+LAYER = (
+    ("layernorm", 2.0, (-1,), 1), ("q", 8.0, (-1,), 1), ("k", 8.0, (-2,), 1),
+    ("v", 8.0, (-3,), 1), ("q.view", 0.05, (-3,), 1), ("k.view", 0.05, (-3,), 1),
+    ("v.view", 0.05, (-3,), 1), ("k.transpose", 0.05, (-2,), 1),
+    ("scores", 5.0, (-4, -1), 4), ("scale", 1.0, (-1,), 4), ("softmax", 3.0, (-1,), 4),
+    ("dropout", 1.0, (-1,), 4), ("context", 5.0, (-1, -6), 1),
+    ("context.permute", 0.05, (-1,), 1), ("context.view", 0.05, (-1,), 1),
+    ("out", 8.0, (-1,), 1), ("out.dropout", 0.5, (-1,), 1), ("residual", 0.5, (-1, -17), 1),
+    ("layernorm2", 2.0, (-1,), 1), ("up", 16.0, (-1,), 4), ("gelu", 2.0, (-1,), 4),
+    ("down", 16.0, (-1,), 1), ("down.dropout", 0.5, (-1,), 1),
+    ("residual2", 0.5, (-1, -5), 1), ("layer.out", 0.05, (-1,), 1),
+)
+
+
+def transformer_dag(num_layers: int, seed: int = 0) -> OpGraph:
+    """A BERT-like training graph at operator granularity: `num_layers` layers of
+    LAYER (times jittered by +-20%), each op with a backward about twice its forward
+    time on its device, and an embedding op first."""
+    rng = np.random.default_rng(seed)
+    ops = [Op(id=0, name="embedding", forward_s={"any": 4.0}, backward_s={"any": 8.0})]
+    edges = []
+    for layer in range(num_layers):
+        base = len(ops)
+        for i, (name, time_s, inputs, size) in enumerate(LAYER):
+            t = time_s * float(rng.uniform(0.8, 1.2))
+            ops.append(Op(id=base + i, name=f"layer{layer}.{name}", forward_s={"any": t},
+                          backward_s={"any": 2 * t}, transfer_s=3.0 * size))
+            for back in inputs:
+                edges.append(Edge(src=max(0, base + i + back), dst=base + i))
+    return OpGraph(ops=tuple(ops), edges=tuple(edges), name=f"transformer{num_layers}",
+                   time_unit="unit")
 
 
 def _graphs(args) -> list[tuple[OpGraph, int, float | None]]:
@@ -44,9 +81,8 @@ def _graphs(args) -> list[tuple[OpGraph, int, float | None]]:
             graphs.append((graph, int(graph.metadata.get("num_devices", 6)),
                            PEER_REFERENCE[name]))
     if args.generated or everything:
-        for num_ops, width in GENERATED:
-            graph = layered_dag(num_ops, num_ops, width=width)
-            graphs.append((graph, args.devices, None))
+        for num_layers in GENERATED_LAYERS:
+            graphs.append((transformer_dag(num_layers), args.devices, None))
     if args.graphs:
         for path in sorted(Path(args.graphs).glob("*.json")):
             graph = load_graph(path)
@@ -92,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peer", action="store_true", help="the peer training graphs")
     ap.add_argument("--generated", action="store_true",
-                    help="generated operator-level training graphs (600-3,000 ops)")
+                    help="generated operator-level training graphs (601-3,001 ops)")
     ap.add_argument("--graphs", metavar="DIR", help="every *.json graph file in DIR")
     ap.add_argument("--solvers", default="highs,cbc,glpk")
     ap.add_argument("--time-limit", type=float, default=60.0)
