@@ -21,6 +21,7 @@ the DP is not run and the result is the contiguous heuristic's (`exact` False).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,8 +75,8 @@ def merged_senders(tg: TaskGraph, unit_of_group: np.ndarray) -> Senders:
 
 def ideal_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
                 memory_cap: float, *, upper: float | None = None,
-                host_work: np.ndarray | None = None,
-                max_ideals: int = MAX_IDEALS) -> IdealSplit | None:
+                host_work: np.ndarray | None = None, max_ideals: int = MAX_IDEALS,
+                deadline: float | None = None) -> IdealSplit | None:
     """The max-load-optimal contiguous split over ideals (see the module docstring).
 
     `upper`: a max-load to beat (a caller's incumbent); the result is then the optimum
@@ -84,8 +85,12 @@ def ideal_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
     (`maxCPUs` 1 in its files): one more device, without a memory cap, whose load is
     its groups' host time and which pays no transfers (its neighbours still do); it
     gets device number `num_devices`. None also when no contiguous split fits.
+    `deadline` (a time.perf_counter() value): past it the DP stops and the result is
+    the fallback, not exact (on operator graphs whose transfers outweigh their work
+    the windows span most ideals and the DP takes tens of seconds).
     """
-    block_of_group, block_preds = condensed_groups(tg)
+    block_of_group, block_preds = condensed_groups(
+        tg, side_inputs(tg, group_memory, memory_cap))
     fallback = None
     if upper is None:
         fallback = contiguous_split(tg, num_devices, group_memory, memory_cap)
@@ -106,7 +111,11 @@ def ideal_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
                   memory_cap, upper,
                   None if host_work is None else np.bincount(
                       block_of_group, weights=host_work, minlength=num_blocks))
-    pieces = dp.solve()
+    try:
+        pieces = dp.solve(deadline)
+    except TimeoutError:
+        return None if fallback is None else IdealSplit(
+            group_device=fallback, value=upper, exact=False, num_ideals=len(ideals))
     if pieces is not None:
         block_device = np.empty(num_blocks, dtype=np.int64)
         device = 0
@@ -165,20 +174,59 @@ def forward_tasks(tg: TaskGraph) -> np.ndarray:
     return ~(explicit | implied)
 
 
-def condensed_groups(tg: TaskGraph) -> tuple[np.ndarray, list[int]]:
+def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> np.ndarray:
+    """Per group the group it may join without loss (itself where none): a forward
+    source whose every edge, either way, meets one other group c, whose work is at
+    most the send costs of its tasks, and whose memory is 0 or the cap can never bind.
+    Moving it to c's device takes its work and transfers off its own device and adds
+    at most its work to c's device, which no longer receives its outputs; the
+    devices' quotient stays acyclic. So the optimum over contiguous splits keeps it
+    with c, and joining them shrinks the ideals (at operator granularity, a weight's
+    transpose feeding one matmul is such a source: one per weight, each doubling the
+    ideals of every cut it is pending at)."""
+    join = np.arange(tg.num_groups)
+    src_group, dst_group = tg.group[tg.edge_src], tg.group[tg.edge_dst]
+    forward = forward_tasks(tg)
+    forward_pred = np.zeros(tg.num_groups, dtype=bool)
+    both = forward[tg.edge_src] & forward[tg.edge_dst] & (src_group != dst_group)
+    forward_pred[dst_group[both]] = True
+    neighbours: list[set[int]] = [set() for _ in range(tg.num_groups)]
+    for a, b in zip(src_group.tolist(), dst_group.tolist()):
+        if a != b:
+            neighbours[a].add(b)
+            neighbours[b].add(a)
+    has_succ = np.bincount(tg.edge_src, minlength=tg.num_tasks) > 0
+    sends = np.bincount(tg.group, weights=tg.send_s * has_succ, minlength=tg.num_groups)
+    cap_binds = float(group_memory.sum()) > memory_cap
+    for g in range(tg.num_groups):
+        if (len(neighbours[g]) == 1 and not forward_pred[g]
+                and tg.group_work_s[g] <= sends[g]
+                and (group_memory[g] == 0 or not cap_binds)):
+            (join[g],) = neighbours[g]
+    return join
+
+
+def condensed_groups(tg: TaskGraph, join: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, list[int]]:
     """Per group its block (strongly connected component of the forward group graph,
-    numbered in a topological order), and per block the bit mask of its predecessor
-    blocks. Only forward edges order the groups, as in the peer program: a backward
-    task sits on its forward op's device, so its edges run against the forward ones
-    and would join every group into one component."""
+    after joining each group g with `join[g]`, numbered in a topological order), and
+    per block the bit mask of its predecessor blocks. Only forward edges order the
+    groups, as in the peer program: a backward task sits on its forward op's device,
+    so its edges run against the forward ones and would join every group into one
+    component."""
     n = tg.num_groups
+    join = np.arange(n) if join is None else join
     forward = forward_tasks(tg)
     both = forward[tg.edge_src] & forward[tg.edge_dst]
     succ: list[set[int]] = [set() for _ in range(n)]
-    for a, b in zip(tg.group[tg.edge_src[both]].tolist(),
-                    tg.group[tg.edge_dst[both]].tolist()):
+    for a, b in zip(join[tg.group[tg.edge_src[both]]].tolist(),
+                    join[tg.group[tg.edge_dst[both]]].tolist()):
         if a != b:
             succ[a].add(b)
+    # A joined pair becomes a 2-cycle, so one component.
+    for g in np.flatnonzero(join != np.arange(n)).tolist():
+        succ[g].add(int(join[g]))
+        succ[int(join[g])].add(g)
     pred: list[list[int]] = [[] for _ in range(n)]
     for a in range(n):
         for b in succ[a]:
@@ -304,7 +352,7 @@ class _IdealDP:
     def _mask(self, i: int) -> int:
         return int.from_bytes(self.bits[i].tobytes(), "little")
 
-    def solve(self) -> list[tuple[int, bool]] | None:
+    def solve(self, deadline: float | None) -> list[tuple[int, bool]] | None:
         """The best split's pieces as (block mask, on the host), or None when no split
         beats the upper bound. Ideals are sorted by size: 0 is {}, the last is all."""
         n, k = len(self.work), self.k
@@ -324,10 +372,12 @@ class _IdealDP:
                            (self.work <= c * self.limit)
                            & (total - self.work <= (k - c) * self.limit))
                 if c:
-                    self._extend(best[c - 1, h], best[c, h], parent[c, h], in_band, False)
+                    self._extend(best[c - 1, h], best[c, h], parent[c, h], in_band, False,
+                                 deadline)
                 if h:
                     keep = best[c, h].copy()
-                    self._extend(best[c, 0], best[c, h], parent[c, h], in_band, True)
+                    self._extend(best[c, 0], best[c, h], parent[c, h], in_band, True,
+                                 deadline)
                     via[c, h] = best[c, h] < keep
         key = (k, hosts[-1])
         if not (np.isfinite(best[key][-1]) and best[key][-1] <= self.limit):
@@ -342,12 +392,14 @@ class _IdealDP:
         return pieces[::-1]
 
     def _extend(self, source: np.ndarray, dest: np.ndarray, parent: np.ndarray,
-                allowed: np.ndarray, on_host: bool) -> None:
+                allowed: np.ndarray, on_host: bool, deadline: float | None) -> None:
         """dest[I] = min(dest[I], source[I], max(source[I'], load(I - I'))) over I in
         `allowed`, I' <= I, the piece on an accelerator or (`on_host`) the host."""
         keep = allowed & (source < dest)
         dest[keep], parent[keep] = source[keep], np.flatnonzero(keep)
         for src in np.flatnonzero(source <= self.limit).tolist():
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError("the ideal DP ran past its deadline")
             self._relax(src, float(source[src]), dest, parent, allowed, on_host)
 
     def _relax(self, src: int, value: float, dest: np.ndarray, parent: np.ndarray,

@@ -85,3 +85,11 @@ def test_ideal_dp_reproduces_the_peer_figures(peer_graphs, name, host, reference
     assert result.exact is exact
     assert result.value == pytest.approx(reference, rel=1e-12)
     assert np.bincount(result.group_device).size <= 7
+
+
+def test_a_dp_past_its_deadline_gives_the_fallback_marked_not_exact():
+    p = max_load_problem(training_dag(5, 7), 2)
+    result = ideal_split(p.tg, 2, p.group_memory, p.memory_cap, deadline=0.0)
+    assert not result.exact
+    assert result.value == max_load(p.tg, contiguous_split(p.tg, 2, p.group_memory,
+                                                            p.memory_cap), 2)
