@@ -2,21 +2,23 @@
 NeurIPS 2020, "Efficient Algorithms for Device Placement of DNN Graph Operators").
 
 A *contiguous split* gives device j the blocks I_j minus I_(j-1) of a chain of ideals
-(down-sets) {} = I_0 <= I_1 <= ... <= I_k = all blocks, where a block is a strongly
-connected set of placement groups of the group graph (colocation can join groups
-into a cycle, and a contiguous split must then keep them together). This family holds
-the splits of every topological order, so it contains `heuristics.contiguous_split`'s.
+(down-sets) {} = I_0 <= I_1 <= ... <= I_k = all blocks of the forward graph, where a
+block is a strongly connected set of placement groups (colocation can join groups into
+a cycle, and a contiguous split must then keep them together); backward tasks follow
+their groups, as in the peer program. The family holds the splits of every
+topological order, so it contains `heuristics.contiguous_split`'s.
 
 The dynamic program: f_c(I) = min over ideals I' <= I of max(f_(c-1)(I'), load(I - I')),
 where load is a device's max-load (work, plus the send cost of each of its tasks with a
 successor outside, plus that of each outside task feeding it: `simulate.device_loads`).
 
-Pruning that keeps it exact: with U the contiguous heuristic's value, every piece of a
-split at most as good has work <= U, so I_c has work in [total - (k-c) U, c U] and a
-piece spans at most U of work; pairs outside these windows are never compared. What it
-guarantees: when the ideals number at most `max_ideals`, `IdealSplit.exact` is True and
-the value is the optimum over all contiguous splits that fit in memory; beyond the cap
-the DP is not run and the result is the contiguous heuristic's (`exact` False).
+Reductions that keep it exact: side inputs (`side_inputs`) join their one neighbour;
+with U a max-load to beat, a piece of a split at most as good has work <= U, so I_c has
+work in [total - (k-c) U, c U] and a piece spans at most U of work: pairs outside these
+windows are never compared. What it guarantees: when the ideals number at most
+`max_ideals` (and fit `MAX_IDEAL_CELLS`) and the DP ends before its deadline,
+`IdealSplit.exact` is True and the value is the optimum over all contiguous splits that
+fit in memory; otherwise the result is the contiguous heuristic's (`exact` False).
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ class IdealSplit:
     value: float
     exact: bool
     """Whether `value` is proven optimal over every contiguous split (all ideals were
-    enumerated); False: the ideals passed the cap and this is the contiguous heuristic."""
+    enumerated and the DP finished); False: this is the contiguous heuristic's split."""
     num_ideals: int
-    """Ideals enumerated (at the cap when not exact)."""
+    """Ideals enumerated (the cap when they passed it)."""
 
 
 @dataclass(frozen=True, eq=False)
