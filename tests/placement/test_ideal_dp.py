@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import contiguous_split
 from placement.ideal_dp import ideal_split
 from placement.io import load_graph
@@ -93,3 +94,27 @@ def test_a_dp_past_its_deadline_gives_the_fallback_marked_not_exact():
     assert not result.exact
     assert result.value == max_load(p.tg, contiguous_split(p.tg, 2, p.group_memory,
                                                             p.memory_cap), 2)
+
+
+def _chain_with_side_inputs(length: int):
+    """A chain of ops, each fed by a cheap source of its own (a weight's transpose):
+    without joining them each pending source doubles the ideals of a cut."""
+    ops = [Op(id=i, name=f"op{i}", forward_s={"any": 5.0 + i % 3},
+              backward_s={"any": 9.0}, transfer_s=2.0) for i in range(length)]
+    ops += [Op(id=length + i, name=f"weight{i}.t", forward_s={"any": 0.1},
+               backward_s={"any": 0.1}, transfer_s=3.0) for i in range(length)]
+    edges = [Edge(src=i, dst=i + 1) for i in range(length - 1)]
+    edges += [Edge(src=length + i, dst=i) for i in range(length)]
+    return OpGraph(ops=tuple(ops), edges=tuple(edges), name="side-inputs", time_unit="unit")
+
+
+def test_side_inputs_join_their_consumer_so_the_dp_stays_exact():
+    p = max_load_problem(_chain_with_side_inputs(12), 3)
+    result = ideal_split(p.tg, 3, p.group_memory, p.memory_cap, max_ideals=200)
+    assert result.exact and result.num_ideals == 13
+
+
+def test_joining_side_inputs_loses_nothing_against_brute_force():
+    p = max_load_problem(_chain_with_side_inputs(4), 2)
+    result = ideal_split(p.tg, 2, p.group_memory, p.memory_cap)
+    assert result.value == pytest.approx(brute_max_load(p, contiguous=True), rel=1e-12)
