@@ -111,13 +111,13 @@ def run(graphs, solvers, time_limit: float, dp_limit: float) -> None:
             print(f"| {graph.name} | {p.tg.num_tasks} | {k} | {peer or '-'} | "
                   f"{_fmt(order_value)} | {_fmt(ideal and ideal.value)} | "
                   f"{'yes' if ideal and ideal.exact else 'no'} | {dp_seconds:.1f} | "
-                  f"{solver} | {plan.value:.3f} | {plan.lower_bound:.3f} | {plan.gap:.2%} | "
+                  f"{solver} | {plan.value:.5g} | {plan.lower_bound:.5g} | {plan.gap:.2%} | "
                   f"{plan.solve_seconds:.0f} | {_ratio(plan.value, peer)} | "
                   f"{_ratio(plan.value, ideal and ideal.value)} |", flush=True)
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    return "-" if value is None else f"{value:.5g}"
 
 
 def _ratio(value: float, reference: float | None) -> str:
