@@ -3,7 +3,8 @@
 import importlib
 import sys
 
-AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp", "user_models")
+AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp", "max_load",
+         "user_models")
 
 
 def main(argv: list[str]) -> int:

@@ -122,10 +122,7 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
     drops a placement that breaks the cap)."""
     seq = group_sequence(tg)
     n = len(seq)
-    tasks_of_group: list[list[int]] = [[] for _ in range(tg.num_groups)]
-    for t in range(tg.num_tasks):
-        tasks_of_group[tg.group[t]].append(t)
-    cost = _interval_costs(tg, seq, tasks_of_group, group_memory, memory_cap,
+    cost = _interval_costs(tg, seq, group_memory, memory_cap,
                            work_limit=_balanced_upper_bound(tg, seq, num_devices,
                                                             group_memory, memory_cap))
     # best[c, j]: least max-load of the first j groups on at most c devices.
@@ -167,49 +164,50 @@ def _balanced_upper_bound(tg: TaskGraph, seq: list[int], num_devices: int,
     return max_load(tg, group_device, num_devices)
 
 
-def _interval_costs(tg: TaskGraph, seq: list[int], tasks_of_group: list[list[int]],
-                    group_memory: np.ndarray, memory_cap: float,
-                    work_limit: float) -> np.ndarray:
+def _interval_costs(tg: TaskGraph, seq: list[int], group_memory: np.ndarray,
+                    memory_cap: float, work_limit: float) -> np.ndarray:
     """cost[i, j] = max-load of groups seq[i:j] on one device (inf when it exceeds the
-    memory cap or when its work alone exceeds `work_limit`)."""
+    memory cap or when its work alone exceeds `work_limit`).
+
+    Each task adds its send cost to a union of rectangles of (i, j) cells, summed
+    with a 2-D difference array: a task at position q with successors at positions S
+    pays on its own device when i <= q < j and [i, j) misses part of S, and on a
+    receiving device when q lies outside [i, j) and [i, j) holds some s in S (for the
+    sorted S, the interval's first successor is s_t exactly when s_(t-1) < i <= s_t).
+    """
     n = len(seq)
-    cost = np.full((n + 1, n + 1), np.inf)
-    succ = tg.successors
-    pred = tg.predecessors
-    send = tg.send_s
-    dur = tg.duration_s
-    group = tg.group
-    for i in range(n):
-        inside = np.zeros(tg.num_groups, dtype=bool)
-        out_edges = np.zeros(tg.num_tasks, dtype=np.int64)
-        receiving = np.zeros(tg.num_tasks, dtype=bool)
-        load = work = memory = 0.0
-        for j in range(i, n):
-            g = seq[j]
-            inside[g] = True
-            memory += group_memory[g]
-            members = tasks_of_group[g]
-            for u in members:
-                load += dur[u]
-                work += dur[u]
-                if receiving[u]:
-                    receiving[u] = False
-                    load -= send[u]
-                out_edges[u] = sum(1 for v, _ in succ[u] if not inside[group[v]])
-                if out_edges[u]:
-                    load += send[u]
-            for v in members:
-                for p, _ in pred[v]:
-                    if group[p] == g:
-                        continue
-                    if inside[group[p]]:
-                        out_edges[p] -= 1
-                        if out_edges[p] == 0:
-                            load -= send[p]
-                    elif not receiving[p]:
-                        receiving[p] = True
-                        load += send[p]
-            if memory > memory_cap or work > work_limit * (1 + 1e-12):
-                break
-            cost[i, j + 1] = load
-    return cost
+    pos = np.empty(tg.num_groups, dtype=np.int64)
+    pos[seq] = np.arange(n)
+    task_pos = pos[tg.group]
+    # (i from, i to, j from, j to, cost), bounds inclusive.
+    rects: list[tuple[int, int, int, int, float]] = []
+    for u in np.flatnonzero(tg.send_s > 0).tolist():
+        q = int(task_pos[u])
+        succ = sorted({int(task_pos[v]) for v, _ in tg.successors[u]} - {q})
+        if not succ:
+            continue
+        c = float(tg.send_s[u])
+        rects.append((0, q, q + 1, n, c))
+        rects.append((0, min(q, succ[0]), max(q, succ[-1]) + 1, n, -c))
+        previous = -1
+        for s_t in succ:
+            if s_t + 1 <= q:
+                rects.append((previous + 1, s_t, s_t + 1, q, c))
+            if s_t > q:
+                rects.append((max(previous, q) + 1, s_t, s_t + 1, n, c))
+            previous = s_t
+    diff = np.zeros((n + 2, n + 2))
+    if rects:
+        a, b, lo, hi, c = (np.array(x) for x in zip(*rects))
+        np.add.at(diff, (a, lo), c)
+        np.add.at(diff, (b + 1, lo), -c)
+        np.add.at(diff, (a, hi + 1), -c)
+        np.add.at(diff, (b + 1, hi + 1), c)
+    transfers = diff.cumsum(axis=0).cumsum(axis=1)[:n + 1, :n + 1]
+    work = np.concatenate([[0.0], np.cumsum(tg.group_work_s[seq])])
+    memory = np.concatenate([[0.0], np.cumsum(group_memory[seq])])
+    span_work = work[None, :] - work[:, None]
+    span_memory = memory[None, :] - memory[:, None]
+    later = np.arange(n + 1)[None, :] > np.arange(n + 1)[:, None]
+    ok = later & (span_memory <= memory_cap) & (span_work <= work_limit * (1 + 1e-12))
+    return np.where(ok, span_work + transfers, np.inf)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyomo.environ as pyo
 
+from placement.ideal_dp import merged_senders
 from placement.tasks import TaskGraph
 
 
@@ -45,22 +46,15 @@ def max_load_data(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
     for i, groups in enumerate(units):
         unit_of_group[list(groups)] = i
-    unit_of_task = unit_of_group[tg.group]
-    work = np.bincount(unit_of_task, weights=tg.duration_s, minlength=len(units))
+    work = np.bincount(unit_of_group[tg.group], weights=tg.duration_s,
+                       minlength=len(units))
     memory = np.array([group_memory[list(groups)].sum() for groups in units])
-    senders: dict[tuple[int, tuple[int, ...]], float] = {}
-    for u in range(tg.num_tasks):
-        if tg.send_s[u] <= 0:
-            continue
-        mine = int(unit_of_task[u])
-        targets = tuple(sorted({int(unit_of_task[v]) for v, _ in tg.successors[u]} - {mine}))
-        if targets:
-            senders[(mine, targets)] = senders.get((mine, targets), 0.0) + float(tg.send_s[u])
+    senders = merged_senders(tg, unit_of_group)
     total = float(tg.duration_s.sum())
     return MaxLoadData(
         num_devices=num_devices, work=work, memory=memory, memory_cap=float(memory_cap),
-        sender_unit=tuple(k[0] for k in senders), sender_targets=tuple(k[1] for k in senders),
-        sender_cost=tuple(senders.values()),
+        sender_unit=tuple(senders.unit.tolist()), sender_targets=senders.targets,
+        sender_cost=tuple(senders.cost.tolist()),
         lower_bound=max(total / num_devices, float(work.max(initial=0.0))),
         scale=max(total / num_devices, 1e-300) / 100)
 

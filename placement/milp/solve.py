@@ -14,6 +14,7 @@ import numpy as np
 
 from placement.coarsen import chain_clusters
 from placement.heuristics import group_sequence
+from placement.ideal_dp import ideal_split
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
@@ -34,6 +35,8 @@ from placement.simulate import device_loads
 MAX_LOAD_FINE_GROUPS = 120
 #: Share of the time limit the coarse max-load solve may use.
 COARSE_SHARE = 0.35
+#: Share of the time limit the ideal DP may use before the MILP rounds.
+IDEAL_DP_SHARE = 0.15
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
 #: How a plan's source starts when a baseline placer (maybe refined) made it.
@@ -124,6 +127,13 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
                                  memory_cap=problem.memory_cap, deadline=until)
         incumbent.offer(gd, value, refined(source))
 
+    # The optimum over contiguous splits: the MILP starts from it, so never loses to it.
+    ideal = ideal_split(tg, k, problem.group_memory, problem.memory_cap,
+                        upper=incumbent.value,
+                        deadline=time.perf_counter() + IDEAL_DP_SHARE * max(
+                            0.0, deadline - time.perf_counter()))
+    if ideal is not None:
+        incumbent.offer(ideal.group_device, ideal.value, "ideal-dp")
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
     if tg.num_groups > MAX_LOAD_FINE_GROUPS:
