@@ -16,6 +16,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.sync import process_group_backend
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
@@ -250,6 +251,7 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
 
     `resume_from`: a checkpoint directory of an earlier run, at any dp and mp degree
     (checkpoints hold the whole model, not per-device shards)."""
+    cfg = dataclasses.replace(cfg, fake_gpus=cfg.fake_gpus or fake_gpus)
     check_fits(cfg, cluster_nodes())
     if resume_from is not None and not (Path(resume_from) / STATE_FILE).is_file():
         raise UserError(f"{resume_from}: not a checkpoint of this tool (no {STATE_FILE}): "
@@ -264,8 +266,8 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
                            "resume_from": None if resume_from is None else str(resume_from)},
         scaling_config=ScalingConfig(num_workers=cfg.dp_degree, use_gpu=cfg.use_gpu,
                                      resources_per_worker=worker_resources(cfg)),
-        # Ray would pick NCCL for any worker holding GPUs; fake GPUs need gloo.
-        torch_config=TorchConfig(backend="gloo" if fake_gpus or not cfg.use_gpu else "nccl"),
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu=cfg.use_gpu,
+                                                               fake_gpus=cfg.fake_gpus)),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve()),
                              failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
