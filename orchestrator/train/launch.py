@@ -216,6 +216,8 @@ def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
         try:
             yield
         finally:
+            if address:
+                _withdraw_gpu_request()
             if started:
                 ray.shutdown()
         return
@@ -232,6 +234,16 @@ def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _withdraw_gpu_request() -> None:
+    """On an autoscaling cluster, withdraw the GPUs a job asked for
+    (orchestrator/train/resources.py), so that its nodes can scale down when idle. The
+    autoscaler keeps one standing request per cluster, which the next job replaces."""
+    from orchestrator.train.resources import load_node_types, release_gpus
+
+    if load_node_types():
+        release_gpus()
 
 
 def parse_fake_cluster(text: str) -> tuple[int, int]:
@@ -272,4 +284,11 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
                              failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
-    return trainer.fit().return_value
+    try:
+        return trainer.fit().return_value
+    except ray.train.TrainingFailedError as err:
+        # A worker's bad-input error (e.g. a GPU node without CUDA) is the user's one
+        # line, not Ray's traceback of every worker.
+        from orchestrator.train.resources import user_error_in
+
+        raise user_error_in(err) or err from None
