@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
 
 import torch
-from tqdm import tqdm
 
 from orchestrator.models import ModelSpec, build
 from orchestrator.profile.costs import (OpCost, StepClock, activation_bytes, measure_op,
@@ -53,6 +53,17 @@ def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
     """Build `model` (weights from `seed`) and cut its traced step into ops."""
     spec = build(model, preset, seq_chunk=seq_chunk, device=device, seed=seed)
     return cut(trace(spec.module, spec.name)), spec
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar, or a silent stand-in: tqdm is loaded only when a bar is shown, so
+    that profiling runs where only torch and numpy are installed (scripts/gpu_check.py
+    on a bare GPU machine)."""
+    if not enabled:
+        return nullcontext(SimpleNamespace(update=lambda *_: None))
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", leave=False)
 
 
 @contextmanager
@@ -110,8 +121,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     with _threads(1):
         env = reference_env(part, data)
         steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
-        with tqdm(total=len(part.ops) + steps, desc=f"profiling {spec.name}",
-                  unit="step", disable=not progress, leave=False) as bar:
+        with _progress_bar(len(part.ops) + steps, f"profiling {spec.name}",
+                           progress) as bar:
             costs: list[OpCost] = []
             seen: dict[tuple, OpCost] = {}
             for op in part.ops:

@@ -9,6 +9,7 @@ CPU."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 
@@ -100,3 +101,11 @@ def synchronize(devices: Sequence[torch.device]) -> None:
     wait for on CPU devices)."""
     for device in dict.fromkeys(d for d in devices if d.type == "cuda"):
         torch.cuda.synchronize(device)
+
+
+def load_state(path: Path) -> dict:
+    """A checkpoint's state, loaded onto the host whatever devices saved it: a state
+    saved on cuda:3 must load where cuda:3 is absent (another node, a smaller one, a
+    different plan). `load_state_dict` then copies each tensor to where this worker's
+    parameter sits, and the optimizer's state follows its parameters."""
+    return torch.load(path, map_location="cpu", weights_only=False)

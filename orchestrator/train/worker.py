@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.profile import partition
-from orchestrator.runtime.devices import (place_module, plan_devices, synchronize,
-                                          tensor_owners)
+from orchestrator.runtime.devices import (load_state, place_module, plan_devices,
+                                          synchronize, tensor_owners)
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
@@ -106,14 +106,6 @@ def _save(model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
                         "python": random.getstate()}},
                Path(directory) / STATE_FILE)
     return ray.train.Checkpoint.from_directory(directory)
-
-
-def load_state(path: Path) -> dict:
-    """A checkpoint's state, loaded onto the host whatever devices saved it: a state
-    saved on cuda:3 must load where cuda:3 is absent (another node, a smaller one, a
-    different plan). `load_state_dict` then copies each tensor to where this worker's
-    parameter sits, and the optimizer's state follows its parameters."""
-    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def _restore(model, optimizer, resume_from: str | None) -> tuple[int, dict]:

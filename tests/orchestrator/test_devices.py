@@ -10,12 +10,11 @@ import torch
 from torch import fx, nn
 from torch import serialization
 
-from orchestrator.runtime.devices import (NoCudaError, ddp_device_ids, place_module,
-                                          plan_devices, tensor_owners)
+from orchestrator.runtime.devices import (NoCudaError, ddp_device_ids, load_state,
+                                          place_module, plan_devices, tensor_owners)
 from orchestrator.runtime.executor import OpPartition
 from orchestrator.train.sync import (GPU_BACKEND, collective_device, flat_bucket,
                                      process_group_backend)
-from orchestrator.train.worker import load_state
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 
