@@ -264,6 +264,13 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
     `resume_from`: a checkpoint directory of an earlier run, at any dp and mp degree
     (checkpoints hold the whole model, not per-device shards)."""
     cfg = dataclasses.replace(cfg, fake_gpus=cfg.fake_gpus or fake_gpus)
+    # Imported here: resources.py builds on this module's cluster view.
+    from orchestrator.train.resources import acquire, load_node_types, plan_worker_request
+
+    types = load_node_types() if cfg.use_gpu and not cfg.fake_gpus else None
+    if types:
+        # An autoscaling cluster starts GPU nodes only when asked (train/resources.py).
+        acquire(plan_worker_request(types, cfg.dp_degree, cfg.mp_degree))
     check_fits(cfg, cluster_nodes())
     if resume_from is not None and not (Path(resume_from) / STATE_FILE).is_file():
         raise UserError(f"{resume_from}: not a checkpoint of this tool (no {STATE_FILE}): "

@@ -100,6 +100,28 @@ def plan_gpu_request(types: Sequence[NodeType], num_gpus: int | None) -> GpuRequ
     return GpuRequest(num_gpus=wanted, bundles=tuple(bundles), node_type=ordered[0])
 
 
+def plan_worker_request(types: Sequence[NodeType], dp_degree: int,
+                        mp_degree: int) -> GpuRequest:
+    """What a training run of `dp_degree` workers of `mp_degree` GPUs asks for: one
+    bundle per worker, which the autoscaler packs onto nodes as Ray Train will place
+    them (a worker's GPUs share a node). Refuses, naming what fits, a run the node
+    types can never hold."""
+    if not types:
+        raise UserError("the cluster's config has no GPU node type: add one to "
+                        "available_node_types (see cluster.yaml), or train without --gpu")
+    ordered = sorted(types, key=lambda t: -t.gpus)
+    if mp_degree > ordered[0].gpus:
+        raise UserError(f"--mp {mp_degree}: the largest node type ({ordered[0].name}) has "
+                        f"{ordered[0].gpus} GPUs per node: use --mp {ordered[0].gpus} or less")
+    workers = sum(t.gpus // mp_degree * t.max_workers for t in ordered)
+    if dp_degree > workers:
+        raise UserError(f"--dp {dp_degree} x --mp {mp_degree}: the cluster's node types hold "
+                        f"at most {workers} worker(s) of {mp_degree} GPU(s): use --dp "
+                        f"{workers} or less, or raise max_workers in the cluster config")
+    return GpuRequest(num_gpus=dp_degree * mp_degree,
+                      bundles=({"GPU": mp_degree},) * dp_degree, node_type=ordered[0])
+
+
 def wait_for_gpus(num_gpus: int, *, timeout_s: float, poll_s: float = GPU_POLL_S,
                   say: Callable[[str], None] = print,
                   nodes: Callable[[], list[NodeResources]] = cluster_nodes
@@ -142,6 +164,15 @@ def release_gpus() -> None:
     request_resources(bundles=[])
 
 
+def acquire(request: GpuRequest, *, say: Callable[[str], None] = print,
+            timeout_s: float = GPU_WAIT_S) -> list[NodeResources]:
+    """Ask the autoscaler for `request` and wait until the cluster holds its GPUs."""
+    say(f"asking the autoscaler for {request.num_gpus} GPU(s) as "
+        f"{len(request.bundles)} bundle(s) {list(request.bundles)}")
+    request_gpus(request)
+    return wait_for_gpus(request.num_gpus, timeout_s=timeout_s, say=say)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobDevices:
     nodes: list[NodeResources]
@@ -169,11 +200,7 @@ def decide_devices(num_gpus: int | None, *, fake_gpus: bool, cluster_name: str |
     their GPUs if any, else their CPU cores."""
     requested = bool(types) and not fake_gpus
     if requested:
-        request = plan_gpu_request(types, num_gpus)
-        say(f"asking the autoscaler for {request.num_gpus} GPU(s) as "
-            f"{len(request.bundles)} node bundle(s) {list(request.bundles)}")
-        request_gpus(request)
-        nodes = wait_for_gpus(request.num_gpus, timeout_s=timeout_s, say=say)
+        nodes = acquire(plan_gpu_request(types, num_gpus), say=say, timeout_s=timeout_s)
     else:
         nodes = cluster_nodes()
     use_gpu = any(n.gpus > 0 for n in nodes)

@@ -13,7 +13,7 @@ import yaml
 from orchestrator.runtime.devices import NoCudaError
 from orchestrator.train.launch import NodeResources
 from orchestrator.train.resources import (NodeType, decide_devices, node_types,
-                                          plan_gpu_request, preset_for,
+                                          plan_gpu_request, plan_worker_request, preset_for,
                                           profile_on_gpu_worker, wait_for_gpus)
 from placement.errors import UserError
 from tests.conftest import REPO
@@ -46,6 +46,16 @@ def test_more_gpus_than_the_node_types_hold_is_refused_naming_what_fits():
         plan_gpu_request(cluster_yaml_types(), 65)
     with pytest.raises(UserError, match="no GPU node type"):
         plan_gpu_request([], 8)
+
+
+def test_a_training_run_asks_for_one_bundle_per_worker_and_is_refused_if_it_never_fits():
+    types = cluster_yaml_types()
+    request = plan_worker_request(types, 3, 4)
+    assert request.bundles == ({"GPU": 4},) * 3 and request.num_gpus == 12
+    with pytest.raises(UserError, match=r"--mp 16: .* 8 GPUs per node: use --mp 8"):
+        plan_worker_request(types, 1, 16)
+    with pytest.raises(UserError, match=r"at most 16 worker\(s\) of 4 GPU\(s\): use --dp 16"):
+        plan_worker_request(types, 17, 4)
 
 
 def node(gpus, **custom):
@@ -112,7 +122,7 @@ def test_the_job_asks_for_gpus_and_waits_for_a_node_that_joins_later(head_only_c
     devices = result["devices"]
     assert devices.use_gpu and devices.num_gpus == 2 and devices.requested
     assert devices.cluster.name == "dgx1-v100"
-    assert lines[0] == "asking the autoscaler for 2 GPU(s) as 1 node bundle(s) [{'GPU': 2}]"
+    assert lines[0] == "asking the autoscaler for 2 GPU(s) as 1 bundle(s) [{'GPU': 2}]"
     assert any(line.startswith("waiting for GPUs: 0 of 2") for line in lines)
     assert lines[-1].startswith("2 GPU(s) on 1 node(s)")
 

@@ -30,3 +30,17 @@ def test_p3_16xlarge_is_eight_16_gb_v100s():
 def test_the_cpu_preset_keeps_its_whole_share():
     cpu = preset("cpu").device
     assert cpu.nominal_memory_bytes is None and cpu.matmul_peak_flops("bf16") == cpu.peak_flops
+
+
+def test_a_plan_that_fits_the_datasheet_but_not_the_usable_memory_is_refused():
+    """15 GiB of activations fit a 16 GB V100's nominal memory, not what a training
+    process has left of it: refused, naming the device count that fits."""
+    from placement.graph import Op, OpGraph
+    from placement.planner import InfeasiblePlacementError, PlanConfig, plan
+
+    ops = tuple(Op(id=i, name=str(i), forward_s={"v100": 1.0}, backward_s={"v100": 1.0},
+                   activation_bytes=5 * GIB) for i in range(3))
+    with pytest.raises(InfeasiblePlacementError, match="use at least 2 devices"):
+        plan(OpGraph(ops=ops, edges=()), preset("p3.16xlarge"), PlanConfig(num_devices=1))
+    assert plan(OpGraph(ops=ops, edges=()), preset("p3.16xlarge"),
+                PlanConfig(num_devices=2)).num_devices == 2
