@@ -380,7 +380,8 @@ class _StepState:
                     value = self.ex.calls[node.name](
                         fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
                 stream = self.ex.streams[d]
-                self.prologue[m][node.name] = (value, _record(stream) if stream else None)
+                self.prologue[m][node.name] = (
+                    value, _record(stream) if stream is not None else None)
             value, event = self.prologue[m][node.name]
         _stream_wait(self.ex.streams[d], event)
         _read_here(value)
