@@ -8,7 +8,9 @@ Each round runs one process per checkout (base first), each timing 30 mp=2 steps
 micro-batches, the ops split into two contiguous runs) of the tiny BigLSTM and
 Inception-V3 on CPU threads after 3 warm-up steps; the figure is the median over the
 rounds of each round's new/base ratio of step medians (adjacent processes see the same
-machine). Not part of `make bench`: it compares two trees."""
+machine), for wall time and for the process's CPU time per step (all threads), which
+other work on a loaded host moves less. Not part of `make bench`: it compares two
+trees."""
 
 from __future__ import annotations
 
@@ -48,14 +50,16 @@ for model in sys.argv[2].split(","):
                       [torch.device("cpu")] * 2, num_micro_batches=2,
                       batched=batched_inputs(spec.make_batch))
     batch = spec.make_batch(spec.batch)
-    times = []
+    times, cpu = [], []
     for i in range(33):
         part.module.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ex.step(batch, spec.batch)
         if i >= 3:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     out[model] = statistics.median(times)
+    out[model + ":cpu"] = statistics.median(cpu)
 print(json.dumps(out))
 """
 
@@ -72,17 +76,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("new")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    ratios: dict[str, list[float]] = {m: [] for m in MODELS}
+    keys = [key for m in MODELS for key in (m, m + ":cpu")]
+    ratios: dict[str, list[float]] = {key: [] for key in keys}
     for r in range(args.rounds):
         base, new = run(args.base), run(args.new)
-        for m in MODELS:
-            ratios[m].append(new[m] / base[m])
+        for key in keys:
+            ratios[key].append(new[key] / base[key])
         print(f"round {r + 1}: " + "  ".join(
             f"{m} base {base[m] * 1e3:.2f} ms new {new[m] * 1e3:.2f} ms" for m in MODELS),
             flush=True)
-    for m in MODELS:
-        print(f"{m}: new/base median {statistics.median(ratios[m]):.3f} "
-              f"(rounds {min(ratios[m]):.3f}-{max(ratios[m]):.3f})")
+    for key in keys:
+        what = "CPU time (all threads)" if key.endswith(":cpu") else "wall time"
+        print(f"{key.split(':')[0]} {what}: new/base median "
+              f"{statistics.median(ratios[key]):.3f} "
+              f"(rounds {min(ratios[key]):.3f}-{max(ratios[key]):.3f})")
     return 0
 
 
