@@ -311,7 +311,6 @@ class _StepState:
 
     def run_device(self, d: int) -> None:
         ex = self.ex
-        device = ex.devices[d]
         stream = ex.streams[d]
         # Entering the stream also makes its GPU this thread's current device (a new
         # thread starts on cuda:0 whatever device Ray gave the worker).
