@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,12 @@ demo: setup
 
 bench: setup
 	$(PY) -m benchmarks
+
+# On a GPU machine: torch and numpy are all it needs (no Ray, no solver, no setup), so
+# it runs with whatever python has them, e.g. `make gpu-check PYTHON=python3`.
+PYTHON ?= $(PY)
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py --device cuda
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis results

@@ -26,8 +26,9 @@ from orchestrator.sweep import (
     run_sweep,
     train_config,
 )
-from orchestrator.train.launch import cluster_nodes, fit, ray_cluster
-from placement.cluster import PRESET_NAMES, ClusterSpec, preset
+from orchestrator.train.launch import fit, ray_cluster
+from orchestrator.train.resources import decide_devices, load_node_types, profile_on_gpu_worker
+from placement.cluster import PRESET_NAMES, ClusterSpec
 from placement.errors import UserError
 from placement.io import save_graph
 from placement.plan import Plan
@@ -181,25 +182,20 @@ def run_job(args: JobArgs) -> dict:
         raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
                         "it, or choose another --storage")
     args.storage.mkdir(parents=True, exist_ok=True)
-    nodes = cluster_nodes()
-    use_gpu = any(n.gpus > 0 for n in nodes)
-    fake_gpus = args.fake_cluster is not None
-    total = int(sum((n.gpus if use_gpu else n.cpus) for n in nodes))
-    num_gpus = args.num_gpus or total
-    if num_gpus > total:
-        raise UserError(f"--num-gpus {num_gpus}: the cluster has {total} "
-                        f"{'GPU' if use_gpu else 'CPU core'}s: use at most that many")
-    per_node = int(max((n.gpus if use_gpu else n.cpus) for n in nodes))
-    # Devices that are CPU threads (CPU hosts, fake GPUs) run measured CPU costs.
-    measured_here = not use_gpu or fake_gpus
-    cluster = preset(args.cluster or ("cpu" if measured_here else "dgx1-v100"))
-    if measured_here:
-        cluster = dataclasses.replace(cluster, devices_per_node=max(per_node, 1))
+    # On an autoscaling cluster the GPU nodes exist once asked for (train/resources.py).
+    devices = decide_devices(args.num_gpus, fake_gpus=args.fake_cluster is not None,
+                             cluster_name=args.cluster, types=load_node_types(),
+                             say=lambda text: status("0/6 devices", text))
+    nodes, use_gpu, fake_gpus = devices.nodes, devices.use_gpu, devices.fake_gpus
+    num_gpus, cluster, measured_here = devices.num_gpus, devices.cluster, devices.measured_here
     base_batch = build(args.model, args.preset, device="meta").batch
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
-                          f"costs for {cluster.device.name}")
-    graph = profile_model(args.model, preset=args.preset, batch=base_batch,
-                          target="cpu" if measured_here else cluster.device.name)
+                          f"costs for {cluster.device.name}"
+                          + ("" if measured_here else ", timed on a GPU worker"))
+    graph = (profile_model(args.model, preset=args.preset, batch=base_batch, target="cpu")
+             if measured_here else
+             profile_on_gpu_worker(args.model, preset_name=args.preset, batch=base_batch,
+                                   target=cluster.device.name))
     save_graph(graph, args.storage / "graph.json")
 
     mps = mp_candidates(cluster.devices_per_node, num_gpus)

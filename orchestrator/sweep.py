@@ -21,6 +21,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.sync import process_group_backend
 from orchestrator.train.launch import (
     DRIVER_RESOURCE,
     DRIVER_RESOURCE_AMOUNT,
@@ -98,8 +99,9 @@ def train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu: 
 def _trial(config: dict, *, job: dict) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
     c = Candidate(**config["candidate"])
-    cfg = train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
-                        use_gpu=job["use_gpu"], data=job["data"])
+    cfg = dataclasses.replace(
+        train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
+                     use_gpu=job["use_gpu"], data=job["data"]), fake_gpus=job["fake_gpus"])
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "plan": job["plans"][str(c.mp_degree)],
@@ -126,7 +128,8 @@ def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model:
         "model": model, "preset": preset, "steps": steps, "use_gpu": use_gpu, "data": data,
         "plans": {str(m): p.to_dict() for m, p in plans.items()}, "projection": projection,
         "storage": str(Path(storage) / "trials"),
-        "backend": "gloo" if fake_gpus or not use_gpu else "nccl",
+        "fake_gpus": fake_gpus,
+        "backend": process_group_backend(use_gpu=use_gpu, fake_gpus=fake_gpus),
     }
     # The job's fixed inputs travel by reference, so only the candidate is a trial's
     # configuration (what the dashboard and the console table show).

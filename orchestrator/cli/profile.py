@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.profile.api import TARGETS, profile_model
+from orchestrator.profile.api import DEVICES, TARGETS, profile_model, single_device_step_s
 from orchestrator.profile.capture import GRANULARITIES
-from placement.cluster import preset
+from placement.cluster import PRECISIONS
 from placement.graph import OpGraph
 from placement.io import save_graph
-from placement.planner import PlanConfig, plan
-
-#: The cluster preset whose device is each --target.
-CLUSTER_FOR_TARGET = {"cpu": "cpu", "v100": "dgx1-v100", "a100": "dgx-a100",
-                      "h100": "dgx-h100"}
 
 
 CAPTURE_NAMES = {"fx": "torch.fx", "export": "torch.export"}
@@ -30,8 +25,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: the preset's)")
     p.add_argument("--seq-chunk", type=int, default=None, dest="seq_chunk",
                    help="time steps per op of a recurrent model (default: the preset's)")
-    p.add_argument("--target", default="cpu",
-                   help=f"device kind to report: {', '.join(TARGETS)} (default: cpu)")
+    p.add_argument("--target", default=None,
+                   help=f"device kind to report: {', '.join(TARGETS)} (default: the "
+                        "kind --device measures, cpu for meta)")
+    p.add_argument("--device", default=None, choices=DEVICES,
+                   help="where ops are timed: cuda (CUDA events after warm-up, on this "
+                        "machine's GPU), cpu (one thread), or meta (nothing timed, all "
+                        "projected); default: cuda where this machine has a GPU (where "
+                        "a job on it trains), else cpu for tiny and meta for paper")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="matmul precision of the projected GPU times (default: fp32)")
     p.add_argument("--granularity", default="module",
                    help=f"what one op is: {', '.join(GRANULARITIES)} (module: a layer or "
                    "function, cheap elementwise work fused in; aten: one ATen operator as "
@@ -45,18 +48,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     graph = profile_model(args.model, preset=args.preset, batch=args.batch,
-                          seq_chunk=args.seq_chunk, target=args.target,
-                          repeats=args.repeats, progress=not args.quiet,
-                          granularity=args.granularity)
+                          seq_chunk=args.seq_chunk, target=args.target, device=args.device,
+                          precision=args.precision, repeats=args.repeats,
+                          progress=not args.quiet, granularity=args.granularity)
     save_graph(graph, args.out)
-    print(summary(graph, args.target))
+    print(summary(graph, graph.metadata["target"]))
     print(f"  wrote {args.out}")
     return 0
 
 
 def summary(graph: OpGraph, target: str) -> str:
     md = graph.metadata
-    step = plan(graph, preset(CLUSTER_FOR_TARGET[target]), PlanConfig(num_devices=1))
+    step_s = single_device_step_s(graph, target)
     flops = md["forward_flops"] + md["backward_flops"]
     kinds: dict[str, int] = {}
     for op in graph.ops:
@@ -72,8 +75,8 @@ def summary(graph: OpGraph, target: str) -> str:
         f"  parameters {md['param_bytes'] / 4:,.0f} ({md['param_bytes'] / 2**20:,.1f} MiB)"
         f"   step peak memory {md['step_peak_bytes'] / 2**20:,.1f} MiB",
         f"  FLOPs per step {flops:.4g} (forward {md['forward_flops']:.4g})",
-        f"  predicted single-device step time on {target}: {step.step_time * 1e3:.4g} ms "
-        f"({source}), {md['batch'] / step.step_time:,.1f} samples/s",
+        f"  predicted single-device step time on {target}: {step_s * 1e3:.4g} ms "
+        f"({source}), {md['batch'] / step_s:,.1f} samples/s",
         *([f"  split plans: x{md['split_overhead'][target]:.2f} per task (one autograd call "
            "per op, measured)"] if target in md.get("split_overhead", {}) else []),
         *([f"  devices side by side: x{md['corun_slowdown'][target]:.2f} while two run at "

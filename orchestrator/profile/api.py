@@ -5,27 +5,48 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
 
 import torch
-from tqdm import tqdm
 
 from orchestrator.models import ModelSpec, build
-from orchestrator.profile.costs import (OpCost, activation_bytes, measure_op,
+from orchestrator.profile.costs import (OpCost, StepClock, activation_bytes, measure_op,
                                         measure_split_costs, op_signature, reference_env,
                                         step_peak_bytes, time_ops)
-from orchestrator.profile.roofline import Efficiency, op_time_s
 from orchestrator.profile.capture import GRANULARITIES, Capture, capture
+from orchestrator.profile.roofline import Efficiency, op_time_s, optimizer_kernels
 from orchestrator.profile.trace import Partition, aten_name
 from orchestrator.runtime.executor import batched_inputs
-from placement.cluster import A100, H100, V100, DeviceKind, preset as cluster_preset
+from placement.cluster import (A100, H100, PRECISIONS, V100, DeviceKind,
+                               preset as cluster_preset)
 from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
 
-#: --target values: the local CPU (measured) or a GPU kind (projected).
-TARGETS = {"cpu": None, "v100": V100, "a100": A100, "h100": H100}
+#: --target values: the local CPU (measured) or a GPU kind (projected, or measured
+#: with --device cuda on a GPU of that kind).
+TARGETS = {"cpu": None, "v100": V100, "a100": A100, "h100": H100, "cuda": None}
 #: GPU kinds every graph gets projected times for.
 PROJECTED_KINDS = ("v100", "a100", "h100")
+#: --device values: where ops are timed ("meta": nowhere, every time projected).
+DEVICES = ("cpu", "cuda", "meta")
+
+
+def gpu_kind(device_name: str) -> str:
+    """The device kind whose times a measurement on the GPU `device_name` (as
+    torch.cuda.get_device_name gives it) stands for: a projected kind of the same chip,
+    else `cuda` (a GPU no preset describes)."""
+    name = device_name.lower()
+    return next((kind for kind in PROJECTED_KINDS if kind in name), "cuda")
+
+
+def default_device(preset: str) -> str:
+    """Where `profile_model` times ops when not told: on the GPU when this process has
+    one (what a job on it trains on), else tiny presets on the CPU and paper presets
+    nowhere (meta device: no weight allocated)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    return "meta" if preset == "paper" else "cpu"
 
 
 def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
@@ -51,6 +72,17 @@ def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: i
     return captured.partition(), spec, captured
 
 
+def _progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar, or a silent stand-in: tqdm is loaded only when a bar is shown, so
+    that profiling runs where only torch and numpy are installed (scripts/gpu_check.py
+    on a bare GPU machine)."""
+    if not enabled:
+        return nullcontext(SimpleNamespace(update=lambda *_: None))
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", leave=False)
+
+
 @contextmanager
 def _threads(n: int):
     before = torch.get_num_threads()
@@ -62,40 +94,55 @@ def _threads(n: int):
 
 
 def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
-                  seq_chunk: int | None = None, target: str = "cpu", repeats: int = 5,
+                  seq_chunk: int | None = None, target: str | None = None,
+                  device: str | None = None, precision: str = "fp32", repeats: int = 5,
                   warmup: int = 2, efficiency: Efficiency | None = None,
                   extra_kinds: tuple[DeviceKind, ...] = (),
                   progress: bool = False, granularity: str = "module") -> OpGraph:
     """Trace, cut and cost `model` (a registered name or "MODULE:FN").
 
-    `paper` presets are built on the meta device: no weight is allocated, op times for
-    the CPU are projected like the GPUs' instead of measured. Otherwise each op is timed
-    on one CPU thread (one core acts as one device). Every graph carries times for
-    `cpu` and each GPU kind in PROJECTED_KINDS; `target` names the kind the graph is
-    meant for (recorded in its metadata, and the one `summary` reports);
+    `device` (default: `default_device(preset)`) is where ops are timed: `cpu`, each
+    op on one CPU thread (one core acts as one device); `cuda`, the current GPU, with
+    CUDA events after the warm-up steps, its times keyed by `gpu_kind` of the GPU
+    (they replace that kind's projection); `meta`, nowhere: no weight is allocated and
+    the CPU's times are projected like the GPUs'. Every graph carries times for `cpu`
+    and each GPU kind in PROJECTED_KINDS, projected at the matmul `precision`
+    (fp32, tf32, bf16); `target` names the kind the graph is meant for (recorded in
+    its metadata, and the one `summary` reports; default: the measured kind);
     `extra_kinds` adds projected times for more device kinds (keyed by their names).
     `granularity`: `module` (layers and functions), `aten` or `core-aten` (one op per
     ATen operator); see `orchestrator.profile.capture`.
     """
+    device = default_device(preset) if device is None else device
+    if device not in DEVICES:
+        raise UserError(f"unknown --device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: this machine has no CUDA device (torch "
+                        f"{torch.__version__}, cuda {torch.version.cuda}): profile on a GPU "
+                        "node, or use --device cpu")
+    measured = (gpu_kind(torch.cuda.get_device_name()) if device == "cuda"
+                else "cpu" if device == "cpu" else None)
+    target = target or measured or "cpu"
     if target not in TARGETS:
         raise UserError(f"unknown --target {target!r}: choose one of {', '.join(TARGETS)}")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if repeats < 1 or warmup < 0:
         raise UserError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
     start = time.perf_counter()
-    device = "meta" if preset == "paper" else "cpu"
     part, spec, captured = _captured(model, preset=preset, seq_chunk=seq_chunk,
                                      device=device, seed=0, granularity=granularity)
     batch = spec.batch if batch is None else batch
     if batch < 1:
         raise UserError(f"--batch {batch} must be >= 1")
     data = spec.make_batch(batch, device=device)
-    timed = device != "meta"
+    timed = measured is not None
     eff = efficiency or Efficiency()
     with _threads(1):
         env = reference_env(part, data)
         steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
-        with tqdm(total=len(part.ops) + steps, desc=f"profiling {spec.name}",
-                  unit="step", disable=not progress, leave=False) as bar:
+        with _progress_bar(len(part.ops) + steps, f"profiling {spec.name}",
+                           progress) as bar:
             costs: list[OpCost] = []
             seen: dict[tuple, OpCost] = {}
             for op in part.ops:
@@ -112,32 +159,39 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                 split = measure_split_costs(part, data, repeats=repeats, warmup=warmup,
                                             progress=bar.update)
         memory = step_peak_bytes(part.module, data)
-    graph = _op_graph(part, spec, env, costs, eff, timed=timed, batch=batch,
-                      target=target, extra_kinds=extra_kinds)
+    graph = _op_graph(part, spec, env, costs, eff, measured=measured, batch=batch,
+                      target=target, precision=precision, extra_kinds=extra_kinds)
     metadata = dict(graph.metadata, **memory, granularity=granularity,
                     capture=captured.method, capture_seconds=round(captured.seconds, 3),
                     profile_seconds=round(time.perf_counter() - start, 3))
     if timed:
-        metadata["split_overhead"] = {"cpu": round(split.overhead, 4)}
-        metadata["corun_slowdown"] = {"cpu": round(split.corun_slowdown, 4)}
+        metadata["split_overhead"] = {measured: round(split.overhead, 4)}
+        metadata["corun_slowdown"] = {measured: round(split.corun_slowdown, 4)}
+    if device == "cuda":
+        metadata["gpu_times"] = (f"{measured} measured (CUDA events) on "
+                                 f"{torch.cuda.get_device_name()}, others projected")
     return OpGraph(ops=graph.ops, edges=graph.edges, name=graph.name, metadata=metadata)
 
 
 def measure_step_s(model: str, *, preset: str = "tiny", batch: int | None = None,
                    seq_chunk: int | None = None, repeats: int = 10,
-                   warmup: int = 3) -> float:
-    """Median wall time of one whole forward+backward of the model on one CPU thread
-    (what a profiled graph's single-device step time is compared with)."""
-    spec = build(model, preset, seq_chunk=seq_chunk)
-    data = spec.make_batch(spec.batch if batch is None else batch)
+                   warmup: int = 3, device: str = "cpu") -> float:
+    """Median time of one whole forward+backward of the model on one CPU thread, or on
+    the current GPU timed with CUDA events (what a profiled graph's single-device step
+    time is compared with)."""
+    spec = build(model, preset, seq_chunk=seq_chunk, device=device)
+    data = spec.make_batch(spec.batch if batch is None else batch, device=device)
+    clock = StepClock(torch.device(device))
     times = []
     with _threads(1):
         for i in range(warmup + repeats):
             spec.module.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
+            t0 = clock.mark()
             spec.module(*data).backward()
+            t1 = clock.mark()
+            clock.settle()
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(clock.seconds(t0, t1))
     return statistics.median(times)
 
 
@@ -209,26 +263,29 @@ def _colocation(part: Partition) -> dict[int, str]:
 
 
 def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
-              eff: Efficiency, *, timed: bool, batch: int, target: str,
-              extra_kinds: tuple[DeviceKind, ...]) -> OpGraph:
+              eff: Efficiency, *, measured: str | None, batch: int, target: str,
+              precision: str, extra_kinds: tuple[DeviceKind, ...]) -> OpGraph:
     params = dict(part.module.named_parameters())
     colocation = _colocation(part)
     acts = activation_bytes(part, costs)
     counted: set[str] = set()
     projected = {k: TARGETS[k] for k in PROJECTED_KINDS}
     projected.update((kind.name, kind) for kind in extra_kinds)
-    if not timed:
+    if measured != "cpu":
         projected["cpu"] = cluster_preset("cpu").device
     ops = []
     for op, cost in zip(part.ops, costs):
         own = [p for p in op.params if p not in counted]
         counted.update(own)
-        fwd = {k: op_time_s(cost.forward_kernels, op.kind, d, eff)
+        own_bytes = float(sum(params[p].numel() * params[p].element_size() for p in own))
+        # The optimizer step updates the op's parameters once their gradients are final.
+        backward_kernels = cost.backward_kernels + optimizer_kernels(own_bytes)
+        fwd = {k: op_time_s(cost.forward_kernels, op.kind, d, eff, precision)
                for k, d in projected.items()}
-        bwd = {k: op_time_s(cost.backward_kernels, op.kind, d, eff)
+        bwd = {k: op_time_s(backward_kernels, op.kind, d, eff, precision)
                for k, d in projected.items()}
-        if timed:
-            fwd["cpu"], bwd["cpu"] = cost.forward_s, cost.backward_s
+        if measured is not None:
+            fwd[measured], bwd[measured] = cost.forward_s, cost.backward_s
         anchor = part.nodes[op.nodes[0]]
         attrs = {
             "layer_kind": op.kind,
@@ -251,8 +308,7 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
         ops.append(Op(
             id=op.id, name=op.name, forward_s=fwd, backward_s=bwd,
             output_bytes=sum(_value_bytes(env[n]) for n in op.outputs),
-            param_bytes=float(sum(params[p].numel() * params[p].element_size()
-                                  for p in own)),
+            param_bytes=own_bytes,
             activation_bytes=acts[op.id], colocation=colocation.get(op.id),
             attrs=attrs))
     edges = tuple(Edge(src=s, dst=d, bytes=sum(_value_bytes(env[n]) for n in names))
@@ -260,8 +316,9 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
     metadata = {
         "model": spec.name, "preset": spec.preset, "batch": batch,
         "seq_chunk": spec.seq_chunk, "target": target,
-        "cpu_times": "measured" if timed else "projected",
-        "gpu_times": "projected (roofline)", "efficiency": eff.to_dict(),
+        "cpu_times": "measured" if measured == "cpu" else "projected",
+        "gpu_times": "projected (roofline)", "precision": precision,
+        "efficiency": eff.to_dict(),
         "forward_flops": sum(c.forward_flops for c in costs),
         "backward_flops": sum(c.backward_flops for c in costs),
         "torch": torch.__version__,

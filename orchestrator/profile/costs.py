@@ -1,7 +1,8 @@
 """What each op of a partition costs: measured on this CPU and projected for GPUs.
 
-- `time_ops`: forward and backward seconds of every op on the local device, measured
-  inside whole training steps (warm-up steps, then `repeats` timed ones; see there).
+- `time_ops`: forward and backward seconds of every op on the device the partition's
+  module sits on, measured inside whole training steps (warm-up steps, then `repeats`
+  timed ones; see there): the host's clock on a CPU, CUDA events on a GPU.
 - `measure_op`: the op run alone on its recorded inputs, forward and
   `torch.autograd.grad` backward: every aten kernel it runs with its FLOPs (from
   `torch.utils.flop_counter`) and the bytes it reads and writes (views move nothing),
@@ -196,6 +197,36 @@ def measure_op(part: Partition, op_id: int, env: dict[str, Any]) -> OpCost:
     return cost
 
 
+class StepClock:
+    """Marks on a step's timeline: the host's clock on a CPU; on a GPU, CUDA events
+    recorded on the current stream, so that a mark says when the device got there, not
+    when the host queued the work (the host runs ahead of an asynchronous GPU). Read
+    the seconds between marks only after `settle()`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def settle(self) -> None:
+        """Wait for the device to pass every mark made so far (a no-op on a CPU)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """Where `module`'s parameters sit (the CPU for a module without any)."""
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
 def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
              warmup: int, progress: Callable[[], None] | None = None
              ) -> list[tuple[float, float]]:
@@ -220,30 +251,37 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
     per-op median would be robust too, but on a shared machine op times are
     right-skewed (preemption), and a sum of medians falls well below the median of
     sums, which is what a step takes; means over the central steps add up to it.
+
+    On a GPU the marks are CUDA events (`StepClock`): an op's time is what the device
+    spent from the end of the previous op's kernels to the end of its own, and the
+    host waits for the device once per step, after the clean step.
     """
+    clock = StepClock(module_device(part.module))
     fwd: list[list[float]] = [[] for _ in part.ops]
     bwd: list[list[float]] = [[] for _ in part.ops]
     for rep in range(warmup + repeats):
         part.module.zero_grad(set_to_none=True)
         env = part.inputs_env(batch)
         owner: dict[torch.autograd.graph.Node, int] = {}
-        step_fwd = [0.0] * len(part.ops)
+        fwd_marks = [clock.mark()]
         for op in part.ops:
-            t0 = time.perf_counter()
             part.run_op(op.id, env)
-            step_fwd[op.id] = time.perf_counter() - t0
+            fwd_marks.append(clock.mark())
             _claim_nodes(owner, [env[k] for k in op.outputs], op.id)
-        shares = _backward_shares(env[part.loss], owner, len(part.ops))
+        bwd_marks = _backward_marks(env[part.loss], owner, clock)
         del env, owner
         part.module.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         loss = part.module(*batch)
-        t1 = time.perf_counter()
+        t1 = clock.mark()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = clock.mark()
         del loss
-        fwd_scale = _scale(t1 - t0, step_fwd)
-        bwd_scale = _scale(t2 - t1, shares)
+        clock.settle()
+        step_fwd = [clock.seconds(a, b) for a, b in zip(fwd_marks, fwd_marks[1:])]
+        shares = _backward_shares(bwd_marks, len(part.ops), clock)
+        fwd_scale = _scale(clock.seconds(t0, t1), step_fwd)
+        bwd_scale = _scale(clock.seconds(t1, t2), shares)
         if rep >= warmup:
             for i in range(len(part.ops)):
                 fwd[i].append(step_fwd[i] * fwd_scale)
@@ -291,10 +329,15 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
     slower (other threads' memory and caches) than one in a run of its own kind, which
     is what training does. Each figure is the median of at least 10 paired ratios:
     one ratio is as noisy as the machine (ratios of two medians moved between 1.0 and
-    1.5 from call to call)."""
-    executor = _split_executor(part, part.module)
-    twin_module = copy.deepcopy(part.module)
-    twin = _split_executor(part, twin_module)
+    1.5 from call to call).
+
+    On a GPU only the overhead is measured (timed with CUDA events): a worker's GPUs
+    are separate chips, which share no cores or caches, so the co-run slowdown is 1."""
+    device = module_device(part.module)
+    clock = StepClock(device)
+    executor = _split_executor(part, part.module, device)
+    twin_module = copy.deepcopy(part.module) if not clock.cuda else None
+    twin = _split_executor(part, twin_module, device) if twin_module is not None else None
     size = batch[0].shape[0] if batch and batch[0].dim() else 1
 
     def plain_step() -> None:
@@ -308,11 +351,12 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
         part.module.zero_grad(set_to_none=True)
         run()
         part.module.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         run()
-        elapsed = time.perf_counter() - t0
+        t1 = clock.mark()
+        clock.settle()
         part.module.zero_grad(set_to_none=True)
-        return elapsed
+        return clock.seconds(t0, t1)
 
     def beside_neighbour() -> float:
         running, stop = threading.Event(), threading.Event()
@@ -334,7 +378,8 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
     overheads: list[float] = []
     slowdowns: list[float] = []
     for rep in range(warmup + max(repeats, 10)):
-        plain, split, beside = timed_pair(plain_step), timed_pair(split_step), beside_neighbour()
+        plain, split = timed_pair(plain_step), timed_pair(split_step)
+        beside = beside_neighbour() if twin is not None else split
         if rep >= warmup:
             overheads.append(split / plain)
             slowdowns.append(beside / split)
@@ -344,16 +389,16 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
                       corun_slowdown=max(1.0, statistics.median(slowdowns)))
 
 
-def _split_executor(part: Partition, module: torch.nn.Module):
+def _split_executor(part: Partition, module: torch.nn.Module, device: torch.device):
     """An executor running `module` (the partition's module or a copy) with every op
-    its own task on one device; a second, idle device makes it take its split path."""
+    its own task on `device`; a second, idle device makes it take its split path."""
     from orchestrator.runtime.executor import OpPartition, PlanExecutor
 
     forward = [(op.id, "forward", 0) for op in part.ops]
     backward = [(op.id, "backward", 0) for op in reversed(part.ops)]
     return PlanExecutor(OpPartition(module, {op.id: op.nodes for op in part.ops}),
                         {op.id: 0 for op in part.ops}, [forward + backward, []],
-                        [torch.device("cpu")] * 2, num_micro_batches=1)
+                        [device] * 2, num_micro_batches=1)
 
 
 def _scale(clean_s: float, shares: list[float]) -> float:
@@ -373,23 +418,32 @@ def _claim_nodes(owner: dict, outputs: list[Any], op_id: int) -> None:
         stack.extend(n for n, _ in node.next_functions)
 
 
-def _backward_shares(loss: torch.Tensor, owner: dict, num_ops: int) -> list[float]:
-    """Backward of `loss`, its wall time split among the ops (see `time_ops`)."""
-    spent = [0.0] * num_ops
-    last = [0.0]
+def _backward_marks(loss: torch.Tensor, owner: dict, clock: StepClock) -> list:
+    """Backward of `loss` with a mark as each autograd node finishes: [start mark,
+    then (op id, mark) per node in the order they ran] (see `time_ops`)."""
+    marks: list = []
 
     def make_hook(op_id: int):
         def hook(*_):
-            now = time.perf_counter()
-            spent[op_id] += now - last[0]
-            last[0] = now
+            marks.append((op_id, clock.mark()))
         return hook
 
     handles = [node.register_hook(make_hook(op_id)) for node, op_id in owner.items()]
-    last[0] = time.perf_counter()
+    marks.append(clock.mark())
     loss.backward()
     for h in handles:
         h.remove()
+    return marks
+
+
+def _backward_shares(marks: list, num_ops: int, clock: StepClock) -> list[float]:
+    """The backward's time split among the ops: each node's time since the previous
+    mark goes to the op that created it."""
+    spent = [0.0] * num_ops
+    last = marks[0]
+    for op_id, mark in marks[1:]:
+        spent[op_id] += clock.seconds(last, mark)
+        last = mark
     return spent
 
 

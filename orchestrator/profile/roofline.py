@@ -4,7 +4,9 @@ Each aten kernel k of an op (forward or backward) takes
 
     t_k = max(F_k / (eta_c * P), B_k / (eta_m * W), t_launch)
 
-where F_k is its FLOPs, B_k the bytes it reads and writes, P the device's fp32 peak,
+where F_k is its FLOPs, B_k the bytes it reads and writes, P the device's peak (for a
+GEMM or convolution the peak of the step's matmul precision: fp32, TF32 or bf16 tensor
+cores; fp32 for every other kernel),
 W its memory bandwidth (see Williams et al. 2009, "Roofline", eq. 1), eta_c the
 fraction of peak a GEMM/convolution of the op's kind reaches, eta_m the fraction of
 bandwidth a streaming kernel reaches, and t_launch the floor a kernel launch puts on
@@ -26,6 +28,12 @@ microbenchmarks published for these parts:
 - Streaming kernels: ~80% of HBM peak in STREAM-like copies (BabelStream on V100 and
   A100): eta_m = 0.8.
 - t_launch = 5 us, the usual launch-to-launch gap of eager PyTorch kernels.
+
+The optimizer step is part of a training step: SGD with momentum reads each parameter,
+its gradient and its momentum and writes the parameter and the momentum back (5 passes
+over the parameter bytes, 3 FLOPs per element), in one multi-tensor kernel per op's
+parameters (`optimizer_kernels`), which the projection adds to the op's backward, where
+its parameters' gradients become final.
 """
 
 from __future__ import annotations
@@ -65,14 +73,30 @@ class Efficiency:
                 "memory": self.memory, "launch_s": self.launch_s}
 
 
-def kernel_time_s(k: Kernel, kind: str, device: DeviceKind, eff: Efficiency) -> float:
+def kernel_time_s(k: Kernel, kind: str, device: DeviceKind, eff: Efficiency,
+                  precision: str = "fp32") -> float:
     """t_k of one kernel on `device` (roofline eq. 1 with the launch floor)."""
     eta_c = eff.compute.get(kind, eff.compute_other) if k.matmul else eff.compute_other
-    compute_s = k.flops / (eta_c * device.peak_flops)
+    peak = device.matmul_peak_flops(precision) if k.matmul else device.peak_flops
+    compute_s = k.flops / (eta_c * peak)
     memory_s = k.bytes / (eff.memory * device.memory_bandwidth_bytes_per_s)
     return max(compute_s, memory_s, eff.launch_s)
 
 
 def op_time_s(kernels: Iterable[Kernel], kind: str, device: DeviceKind,
-              eff: Efficiency) -> float:
-    return sum(kernel_time_s(k, kind, device, eff) for k in kernels)
+              eff: Efficiency, precision: str = "fp32") -> float:
+    return sum(kernel_time_s(k, kind, device, eff, precision) for k in kernels)
+
+
+#: SGD with momentum per parameter element: p, grad and momentum read, p and momentum
+#: written; buf = m * buf + g, p -= lr * buf.
+OPTIMIZER_PASSES = 5
+OPTIMIZER_FLOPS_PER_ELEMENT = 3
+
+
+def optimizer_kernels(param_bytes: float, element_bytes: int = 4) -> list[Kernel]:
+    """The optimizer step's kernel over parameters of `param_bytes` (none without)."""
+    if param_bytes <= 0:
+        return []
+    return [Kernel(flops=OPTIMIZER_FLOPS_PER_ELEMENT * param_bytes / element_bytes,
+                   bytes=OPTIMIZER_PASSES * param_bytes, matmul=False)]

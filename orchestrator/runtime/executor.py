@@ -11,6 +11,17 @@ device's thread, fed with the gradients its consumers produced. That is exactly 
 graph the simulator schedules (placement/tasks.py), so the plan's predicted step time
 describes what runs here, and on a CPU host the devices' backwards run concurrently
 (the autograd engine would otherwise run all CPU backward work on one thread).
+
+On GPUs each plan device has one long-lived CUDA stream (the caching allocator reuses a
+block only on the stream that allocated it, so a stream per step would strand memory),
+and the host never waits for a device inside a step: every task records a CUDA event
+when queued, a consumer's stream waits on its producer's event before reading (a value
+forward, a gradient backward, a prologue value), a tensor read on a stream other than
+the one that allocated it is `record_stream`ed there (so its memory is not reused
+while that read is pending), host-to-device copies come from pinned memory with
+`non_blocking=True`, and the step's streams wait for the caller's stream at the start
+(the optimizer's updates) and the caller's stream for them at the end. On CPU devices
+all of that is skipped: a CPU op is done when its call returns.
 """
 
 from __future__ import annotations
@@ -112,6 +123,8 @@ class PlanExecutor:
         self.order = [[(int(o), phase == "backward", int(m)) for o, phase, m in tasks]
                       for tasks in order]
         self._threads: _DeviceThreads | None = None
+        self.streams = ([torch.cuda.Stream(d) if d.type == "cuda" else None
+                         for d in self.devices] if len(self.devices) > 1 else [])
         self.output_node = next(n for n in self.gm.graph.nodes if n.op == "output")
         self.placeholder_index = {n.name: i for i, n in enumerate(
             n for n in self.gm.graph.nodes if n.op == "placeholder")}
@@ -174,11 +187,21 @@ class PlanExecutor:
         if self._threads is None:
             self._threads = _DeviceThreads(len(self.devices))
             weakref.finalize(self, self._threads.close)
+        callers = _caller_streams(self.devices)
+        for stream, device in zip(self.streams, self.devices):
+            if stream is not None:
+                # The device's first task must see the caller's work on its inputs and
+                # parameters (the previous step's optimizer update).
+                stream.wait_stream(callers[device])
         self._threads.run([functools.partial(state.run_device, d)
                            for d in range(len(self.devices))])
+        for stream, device in zip(self.streams, self.devices):
+            if stream is not None:
+                callers[device].wait_stream(stream)
         if state.error is not None:
             raise state.error
-        return sum(state.losses) / k
+        # The one host read of the step: the value it returns.
+        return sum(float(loss) for loss in state.losses) / k
 
 
     def _step_one_device(self, micro_batches: list[list[torch.Tensor]],
@@ -198,10 +221,10 @@ class PlanExecutor:
                 with autocast:
                     loss = self.whole_module(*(_to(t, device) for t in inputs))
                 (loss / len(micro_batches)).backward()
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach())
         if on_device_done is not None:
             on_device_done(0)
-        return sum(losses) / len(losses)
+        return sum(float(loss) for loss in losses) / len(losses)
 
 
 class _DeviceThreads:
@@ -272,31 +295,38 @@ class _StepState:
         k = ex.num_micro_batches
         self.done = {(op, bwd, m): threading.Event()
                      for op in ex.op_nodes for bwd in (False, True) for m in range(k)}
+        # (op, backward, micro-batch) -> CUDA event recorded on the task's stream once
+        # the task is queued; absent for tasks on CPU devices.
+        self.cuda_done: dict[tuple[int, bool, int], torch.cuda.Event] = {}
         self.values: list[dict[str, object]] = [{} for _ in range(k)]
         # (consumer op, micro-batch) -> {producer node name: detached leaf}
         self.leaves: dict[tuple[int, int], dict[str, object]] = {}
-        self.prologue: list[dict[str, object]] = [{} for _ in range(k)]
+        # (device, micro-batch, input index) -> the batch input on that device
+        self.device_inputs: dict[tuple[int, int, int], object] = {}
+        # micro-batch -> {node name: (value, CUDA event or None)}
+        self.prologue: list[dict[str, tuple[object, object]]] = [{} for _ in range(k)]
         self.prologue_lock = threading.RLock()
-        self.losses = [0.0] * k
+        self.losses: list[object] = [0.0] * k
         self.error: BaseException | None = None
 
     def run_device(self, d: int) -> None:
         ex = self.ex
-        device = ex.devices[d]
-        stream_ctx = (torch.cuda.stream(torch.cuda.Stream(device))
-                      if device.type == "cuda" else nullcontext())
+        stream = ex.streams[d]
+        # Entering the stream also makes its GPU this thread's current device (a new
+        # thread starts on cuda:0 whatever device Ray gave the worker).
+        stream_ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
         try:
             with stream_ctx:
                 for op, backward, m in ex.order[d]:
                     if backward:
-                        self._backward(op, m, device)
+                        self._backward(op, m, d)
                     else:
-                        self._forward(op, m, device)
-                    if device.type == "cuda":
-                        torch.cuda.current_stream(device).synchronize()
+                        self._forward(op, m, d)
+                    if stream is not None:
+                        self.cuda_done[(op, backward, m)] = _record(stream)
                     self.done[(op, backward, m)].set()
-            if self.on_device_done is not None:
-                self.on_device_done(d)
+                if self.on_device_done is not None:
+                    self.on_device_done(d)
         except _Failed:
             return
         except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
@@ -304,14 +334,22 @@ class _StepState:
             for event in self.done.values():
                 event.set()
 
-    def _wait(self, key: tuple[int, bool, int]) -> None:
+    def _wait(self, key: tuple[int, bool, int], d: int) -> None:
+        """Wait until task `key` is queued, and order device d's stream after it."""
         self.done[key].wait()
         if self.error is not None:
             raise _Failed
+        _stream_wait(self.ex.streams[d], self.cuda_done.get(key))
 
-    def _fetch(self, node: fx.Node, op: int, m: int, device: torch.device,
-               local: dict[str, object]):
-        """The value of `node` for op `op` (whose own values so far are `local`)."""
+    def _input(self, m: int, index: int, d: int):
+        key = (d, m, index)
+        if key not in self.device_inputs:
+            self.device_inputs[key] = _to(self.inputs[m][index], self.ex.devices[d])
+        return self.device_inputs[key]
+
+    def _fetch(self, node: fx.Node, op: int, m: int, d: int, local: dict[str, object]):
+        """The value of `node` for op `op` on device d (whose own values so far are
+        `local`)."""
         ex = self.ex
         name = node.name
         producer = ex.op_of_node.get(name)
@@ -320,42 +358,53 @@ class _StepState:
         if producer is not None:
             leaves = self.leaves.setdefault((op, m), {})
             if name not in leaves:
-                self._wait((producer, False, m))
-                leaves[name] = _detach_to(self.values[m][name], device)
+                self._wait((producer, False, m), d)
+                value = self.values[m][name]
+                _read_here(value)
+                leaves[name] = _detach_to(value, ex.devices[d])
             return leaves[name]
         if node.op == "placeholder":
-            return _to(self.inputs[m][ex.placeholder_index[name]], device)
+            return self._input(m, ex.placeholder_index[name], d)
         if node.op == "get_attr":
             return _get_attr(ex.gm, node.target)
-        return self._prologue(node, m, device)
+        return self._prologue(node, m, d)
 
-    def _prologue(self, node: fx.Node, m: int, device: torch.device):
+    def _prologue(self, node: fx.Node, m: int, d: int):
+        """A prologue value, computed by the first device that needs it (on its stream)
+        and read by the others after that stream's event."""
         with self.prologue_lock:
             if node.name not in self.prologue[m]:
-                fetch = lambda n: self._fetch(n, -1, m, device, {})  # noqa: E731
+                fetch = lambda n: self._fetch(n, -1, m, d, {})  # noqa: E731
                 with torch.no_grad():
-                    self.prologue[m][node.name] = self.ex.calls[node.name](
+                    value = self.ex.calls[node.name](
                         fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
-            return _to(self.prologue[m][node.name], device)
+                stream = self.ex.streams[d]
+                self.prologue[m][node.name] = (
+                    value, _record(stream) if stream is not None else None)
+            value, event = self.prologue[m][node.name]
+        _stream_wait(self.ex.streams[d], event)
+        _read_here(value)
+        return _to(value, self.ex.devices[d])
 
-    def _forward(self, op: int, m: int, device: torch.device) -> None:
+    def _forward(self, op: int, m: int, d: int) -> None:
         ex = self.ex
+        device = ex.devices[d]
         autocast = (torch.autocast(device.type, dtype=ex.autocast_dtype)
                     if ex.autocast_dtype is not None else nullcontext())
         local: dict[str, object] = {}
-        fetch = lambda n: self._fetch(n, op, m, device, local)  # noqa: E731
+        fetch = lambda n: self._fetch(n, op, m, d, local)  # noqa: E731
         with autocast:
             for node in ex.op_nodes[op]:
                 if node.op == "placeholder":
-                    local[node.name] = _to(self.inputs[m][ex.placeholder_index[node.name]],
-                                           device)
+                    local[node.name] = self._input(m, ex.placeholder_index[node.name], d)
                 elif node.op == "get_attr":
                     local[node.name] = _get_attr(ex.gm, node.target)
                 else:
                     local[node.name] = ex.calls[node.name](
                         fx.node.map_arg(node.args, fetch), fx.node.map_arg(node.kwargs, fetch))
         if ex.loss_node is not None and ex.op_of_node.get(ex.loss_node) == op:
-            self.losses[m] = float(local[ex.loss_node].detach())
+            # Kept on the device: the host reads the losses once, after the step.
+            self.losses[m] = local[ex.loss_node].detach()
         # Keep only what other ops and this op's backward read: autograd saves what
         # the backward needs by itself, and the plan's memory model counts just that
         # (holding every value to the end of the step gave Inception-V3's tiny split
@@ -363,8 +412,9 @@ class _StepState:
         for node, _readers, _is_output in ex.exported[op]:
             self.values[m][node.name] = local[node.name]
 
-    def _backward(self, op: int, m: int, device: torch.device) -> None:
+    def _backward(self, op: int, m: int, d: int) -> None:
         ex = self.ex
+        device = ex.devices[d]
         tensors, grads = [], []
         for node, readers, is_output in ex.exported[op]:
             value = self.values[m][node.name]
@@ -372,11 +422,12 @@ class _StepState:
             if is_output:
                 total = torch.full_like(value, 1.0 / ex.num_micro_batches)
             for consumer in readers:
-                self._wait((consumer, True, m))
+                self._wait((consumer, True, m), d)
                 # Each reader's copy is read here once: drop it and its gradient.
                 leaf = self.leaves.get((consumer, m), {}).pop(node.name, None)
                 total = _add(total, _grads_of(leaf, device))
-            # Every reader has run its backward: the value is not read again.
+            # Every reader has run its backward (and this stream is ordered after
+            # them): the value is not read again.
             del self.values[m][node.name]
             if total is None:
                 continue
@@ -386,6 +437,32 @@ class _StepState:
                     grads.append(g.to(out.dtype))
         if tensors:
             torch.autograd.backward(tensors, grads)
+
+
+def _caller_streams(devices: Sequence[torch.device]) -> dict[torch.device, object]:
+    """The calling thread's current stream on each GPU among `devices`."""
+    return {d: torch.cuda.current_stream(d) for d in devices if d.type == "cuda"}
+
+
+def _record(stream) -> torch.cuda.Event:
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def _stream_wait(stream, event) -> None:
+    """Order `stream` after `event` (nothing to order on a CPU device)."""
+    if stream is not None and event is not None:
+        stream.wait_event(event)
+
+
+def _read_here(value) -> None:
+    """Mark the GPU tensors in `value` as used by this thread's current stream on their
+    device (where its reads, and a copy to another device, run), so that the caching
+    allocator does not hand their memory out again before those reads are done."""
+    for t in _flat(value):
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
 
 
 def _get_attr(gm: fx.GraphModule, target: str):
@@ -408,9 +485,15 @@ def _bind(gm: fx.GraphModule, node: fx.Node) -> Callable:
 
 
 def _to(value, device: torch.device):
-    """`value` (tensors, nested tuples) on `device`, copied only when elsewhere."""
+    """`value` (tensors, nested tuples) on `device`, copied only when elsewhere; a host
+    tensor goes to a GPU from pinned memory, without blocking the host."""
     if isinstance(value, torch.Tensor):
-        return value if value.device == device else value.to(device)
+        if value.device == device:
+            return value
+        if value.device.type == "cpu" and device.type == "cuda":
+            return value.pin_memory().to(device, non_blocking=True)
+        # Non-blocking only towards a GPU: a host reading a copy must have it complete.
+        return value.to(device, non_blocking=device.type == "cuda")
     if isinstance(value, (tuple, list)):
         return type(value)(_to(v, device) for v in value)
     return value
@@ -432,7 +515,10 @@ def _detach_to(value, device: torch.device):
 def _grads_of(leaf, device: torch.device):
     """The gradient a consumer left on its detached copy of a value (tuples too)."""
     if isinstance(leaf, torch.Tensor):
-        return None if leaf.grad is None else leaf.grad.to(device)
+        if leaf.grad is None:
+            return None
+        _read_here(leaf.grad)
+        return _to(leaf.grad, device)
     if isinstance(leaf, (tuple, list)):
         return type(leaf)(_grads_of(v, device) for v in leaf)
     return None

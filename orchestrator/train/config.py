@@ -35,6 +35,9 @@ class TrainConfig:
     data: str | None = None
     """Dataset root in the model's real layout; None: a small synthetic dataset."""
     use_gpu: bool = False
+    fake_gpus: bool = False
+    """The cluster's GPUs exist only in Ray's bookkeeping (a test cluster on a CPU host):
+    the workers' devices are CPU threads."""
     inject_failures: tuple[tuple[int, str], ...] = ()
     """Test hook: (step, 'raise' | 'kill') pairs; the rank-0 worker fails once at each
     step, raising an exception or killing its own process."""

@@ -16,6 +16,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.sync import process_group_backend
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
@@ -219,6 +220,8 @@ def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
         try:
             yield
         finally:
+            if address:
+                _withdraw_gpu_request()
             if started:
                 ray.shutdown()
         return
@@ -235,6 +238,16 @@ def ray_cluster(fake_cluster: str | None) -> Iterator[None]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _withdraw_gpu_request() -> None:
+    """On an autoscaling cluster, withdraw the GPUs a job asked for
+    (orchestrator/train/resources.py), so that its nodes can scale down when idle. The
+    autoscaler keeps one standing request per cluster, which the next job replaces."""
+    from orchestrator.train.resources import load_node_types, release_gpus
+
+    if load_node_types():
+        release_gpus()
 
 
 def parse_fake_cluster(text: str) -> tuple[int, int]:
@@ -254,6 +267,14 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
 
     `resume_from`: a checkpoint directory of an earlier run, at any dp and mp degree
     (checkpoints hold the whole model, not per-device shards)."""
+    cfg = dataclasses.replace(cfg, fake_gpus=cfg.fake_gpus or fake_gpus)
+    # Imported here: resources.py builds on this module's cluster view.
+    from orchestrator.train.resources import acquire, load_node_types, plan_worker_request
+
+    types = load_node_types() if cfg.use_gpu and not cfg.fake_gpus else None
+    if types:
+        # An autoscaling cluster starts GPU nodes only when asked (train/resources.py).
+        acquire(plan_worker_request(types, cfg.dp_degree, cfg.mp_degree))
     check_fits(cfg, cluster_nodes())
     if resume_from is not None and not (Path(resume_from) / STATE_FILE).is_file():
         raise UserError(f"{resume_from}: not a checkpoint of this tool (no {STATE_FILE}): "
@@ -268,10 +289,17 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
                            "resume_from": None if resume_from is None else str(resume_from)},
         scaling_config=ScalingConfig(num_workers=cfg.dp_degree, use_gpu=cfg.use_gpu,
                                      resources_per_worker=worker_resources(cfg)),
-        # Ray would pick NCCL for any worker holding GPUs; fake GPUs need gloo.
-        torch_config=TorchConfig(backend="gloo" if fake_gpus or not cfg.use_gpu else "nccl"),
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu=cfg.use_gpu,
+                                                               fake_gpus=cfg.fake_gpus)),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve()),
                              failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
-    return trainer.fit().return_value
+    try:
+        return trainer.fit().return_value
+    except ray.train.TrainingFailedError as err:
+        # A worker's bad-input error (e.g. a GPU node without CUDA) is the user's one
+        # line, not Ray's traceback of every worker.
+        from orchestrator.train.resources import user_error_in
+
+        raise user_error_in(err) or err from None

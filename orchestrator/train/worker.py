@@ -18,9 +18,12 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.profile import partition
+from orchestrator.runtime.devices import (load_state, place_module, plan_devices,
+                                          synchronize, tensor_owners)
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.sync import DDPSync, GradientSync, collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
 from placement.scaling.efficiency import examples_to_target
 from placement.plan import plan_from_dict
@@ -35,117 +38,30 @@ REPORT_INTERVAL_S = 2.0
 
 
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
-    """The worker's mp_degree devices: its GPUs, or CPU threads on a CPU host (and on
-    fake-GPU test clusters, whose GPUs exist only in Ray's bookkeeping)."""
-    if cfg.use_gpu and torch.cuda.is_available():
-        devices = ray.train.torch.get_devices()
-        assert len(devices) == cfg.mp_degree, (devices, cfg.mp_degree)
-        return list(devices)
-    return [torch.device("cpu")] * cfg.mp_degree
+    """The torch device of each of the worker's mp_degree plan devices: its GPUs, or
+    CPU threads on a CPU host and on fake-GPU test clusters."""
+    real_gpus = cfg.use_gpu and not cfg.fake_gpus
+    cuda = torch.cuda.is_available()
+    return plan_devices(cfg.mp_degree, use_gpu=cfg.use_gpu, fake_gpus=cfg.fake_gpus,
+                        cuda_available=cuda,
+                        visible=ray.train.torch.get_devices() if real_gpus and cuda else [],
+                        node=_node_name())
 
 
-class DDPSync:
-    """One device per worker: torch's DDP allreduces gradient buckets while the backward
-    still runs. Its communication hook also notes each bucket's squared norm before and
-    after averaging, for the noise scale: one dot product per bucket where the data
-    already sits, instead of a pass over every gradient after the step (measured on the
-    tiny BigLSTM: 0.1 ms against 0.33 ms of a 21 ms step)."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=None)
-        # Appended to from the process group's thread as buckets complete; list.append
-        # is atomic under the GIL where `+=` on a float attribute is not.
-        self.local_sq: list[float] = []
-        self.global_sq: list[float] = []
-        world = dist.get_world_size()
-
-        def averaged(future) -> torch.Tensor:
-            buffer = future.value()[0]
-            self.global_sq.append(float(torch.dot(buffer, buffer)))
-            return buffer
-
-        # Unannotated: DDP checks a hook's return annotation as a type, and this
-        # module's annotations are strings.
-        def hook(_state, bucket):
-            buffer = bucket.buffer()
-            self.local_sq.append(float(torch.dot(buffer, buffer)))
-            buffer.div_(world)
-            return dist.all_reduce(buffer, async_op=True).get_future().then(averaged)
-
-        self.ddp.register_comm_hook(None, hook)
-
-    def launch(self, device: int) -> None:
-        """Nothing left to launch: DDP sent every bucket during the backward."""
-
-    def finish(self) -> tuple[float, float]:
-        """This worker's |local gradient|^2 and the |averaged gradient|^2 (DDP has
-        installed the averaged gradients by the time the backward returns)."""
-        local_sq, global_sq = sum(self.local_sq), sum(self.global_sq)
-        self.local_sq.clear()
-        self.global_sq.clear()
-        return local_sq, global_sq
+def _node_name() -> str:
+    if not ray.is_initialized():
+        return "local"
+    return (f"{ray.util.get_node_ip_address()} "
+            f"(Ray node {ray.get_runtime_context().get_node_id()[:12]})")
 
 
-class GradientSync:
-    """Averages gradients over the workers, one bucket per local device, each on its own
-    process group (so devices finishing in different orders on different workers never
-    interleave their collectives), launched as soon as that device's backward is done."""
-
-    def __init__(self, params_by_device: list[list[torch.nn.Parameter]], world: int):
-        self.params_by_device = params_by_device
-        self.world = world
-        self.groups = ([dist.new_group(backend=dist.get_backend())
-                        for _ in params_by_device] if world > 1 else [])
-        self.pending: dict[int, tuple[object, torch.Tensor]] = {}
-        self.local_sq: dict[int, float] = {}
-
-    def launch(self, device: int) -> None:
-        if self.world == 1:
-            return
-        params = self.params_by_device[device]
-        flat = torch.cat([_grad(p).reshape(-1) for p in params]) if params else torch.zeros(1)
-        self.local_sq[device] = float(flat.double().pow(2).sum())
-        self.pending[device] = (dist.all_reduce(flat, group=self.groups[device],
-                                                async_op=True), flat)
-
-    def finish(self) -> tuple[float, float] | None:
-        """Wait for every bucket and install the averaged gradients; returns this
-        worker's |local gradient|^2 and the |averaged gradient|^2 (for the noise scale),
-        or None with a single worker."""
-        if self.world == 1:
-            return None
-        global_sq = 0.0
-        for device, params in enumerate(self.params_by_device):
-            if device not in self.pending:
-                self.launch(device)
-            work, flat = self.pending.pop(device)
-            work.wait()
-            flat /= self.world
-            global_sq += float(flat.double().pow(2).sum())
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p).to(p.device)
-                offset += n
-        local_sq = sum(self.local_sq.values())
-        self.local_sq.clear()
-        return local_sq, global_sq
-
-
-def _grad(p: torch.nn.Parameter) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
-
-
-def _params_by_device(part, assignment: Mapping[int, int], model: torch.nn.Module,
+def _params_by_device(part: OpPartition, assignment: Mapping[int, int],
                       num_devices: int) -> list[list[torch.nn.Parameter]]:
-    named = dict(model.named_parameters())
-    owner: dict[str, int] = {}
-    for op in part.ops:
-        for name in op.params:
-            owner.setdefault(name, assignment[op.id])
+    """Each device's parameters (the bucket it allreduces), as `place_module` put them."""
+    owners = tensor_owners(part)
     buckets: list[list[torch.nn.Parameter]] = [[] for _ in range(num_devices)]
-    for name, param in named.items():
-        buckets[owner.get(name, 0)].append(param)
+    for name, param in part.module.named_parameters():
+        buckets[assignment[owners[name]] if name in owners else 0].append(param)
     return buckets
 
 
@@ -199,7 +115,7 @@ def _restore(model, optimizer, resume_from: str | None) -> tuple[int, dict]:
     if checkpoint is None:
         return 0, {"losses": [], "step_times_s": []}
     with checkpoint.as_directory() as directory:
-        state = torch.load(Path(directory) / STATE_FILE, weights_only=False)
+        state = load_state(Path(directory) / STATE_FILE)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["torch"])
@@ -226,17 +142,23 @@ class HybridWorker:
         self.devices = worker_devices(cfg)
         part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed)
         self.model = spec.module
+        op_part = OpPartition(part.module, {op.id: op.nodes for op in part.ops})
+        # Parameters reach their devices before DDP, the buckets and the optimizer
+        # are built from them.
+        place_module(op_part, plan.assignment, self.devices)
         self.executor = PlanExecutor(
-            OpPartition(part.module, {op.id: op.nodes for op in part.ops}), plan.assignment,
-            plan.order, self.devices, num_micro_batches=cfg.num_micro_batches,
+            op_part, plan.assignment, plan.order, self.devices,
+            num_micro_batches=cfg.num_micro_batches,
             batched=batched_inputs(spec.make_batch),
             autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
+        self.backend = dist.get_backend() if self.world > 1 else "gloo"
         if self.world > 1 and len(self.devices) == 1:
-            self.sync = DDPSync(part.module)
+            self.sync = DDPSync(part.module, self.devices[0])
             self.executor.whole_module = self.sync.ddp
         else:
-            self.sync = GradientSync(_params_by_device(part, plan.assignment, self.model,
-                                                       len(self.devices)), self.world)
+            self.sync = GradientSync(_params_by_device(op_part, plan.assignment,
+                                                       len(self.devices)),
+                                     self.devices, self.world)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=0.9)
         self.start, self.history = _restore(self.model, self.optimizer,
                                             config.get("resume_from"))
@@ -262,14 +184,19 @@ class HybridWorker:
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
         self.optimizer.step()
+        # The step's time is a value the host needs: wait for the devices once here.
+        synchronize(self.devices)
         step_time = time.perf_counter() - started
         # One allreduce for the loss, the local gradient norm (both averaged) and
         # whether any worker is due to report, so that all report at the same steps.
         due = time.monotonic() - self.last_report >= REPORT_INTERVAL_S
         scalars = torch.tensor([loss, norms[0] if norms else 0.0, float(due)],
-                               dtype=torch.float64)
+                               dtype=torch.float64,
+                               device=collective_device(self.backend, self.devices[0]))
         if world > 1:
             dist.all_reduce(scalars)
+        scalars = scalars.cpu()
+        if world > 1:
             scalars[:2] /= world
             self.noise.update(float(scalars[1]), norms[1], self.global_batch / world,
                               self.global_batch)

@@ -49,7 +49,7 @@ def bad_inputs(tmp_path):
                                               op(1, activation_bytes=3e10, colocation="a")],
                                    []), "--devices", "2"], "must share a device"),
         "memory never fits": (
-            ["--graph", graph_file(tmp_path, [op(i, activation_bytes=3e10) for i in range(4)],
+            ["--graph", graph_file(tmp_path, [op(i, activation_bytes=2.5e10) for i in range(4)],
                                    []), "--devices", "2"], "use at least 4 devices"),
         "unknown preset": (["--graph", EXAMPLE, "--devices", "2", "--cluster", "tpu"],
                            "invalid choice: 'tpu'"),

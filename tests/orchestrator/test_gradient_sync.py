@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from orchestrator.train.worker import DDPSync, GradientSync
+from orchestrator.train.sync import DDPSync, GradientSync
 
 WORLD = 2
 
@@ -39,13 +39,17 @@ def _check(rank: int, init_file: str, kind: str) -> None:
 
         params = list(model.parameters())
         if kind == "ddp":
-            sync = DDPSync(model)
+            sync = DDPSync(model, torch.device("cpu"))
             _loss(sync.ddp, rank).backward()
         else:
             # Two local devices: the first layer's parameters on one, the rest on the other.
-            sync = GradientSync([params[:2], params[2:]], WORLD)
+            sync = GradientSync([params[:2], params[2:]], [torch.device("cpu")] * 2, WORLD)
             _loss(model, rank).backward()
             sync.launch(1)
+        # The norms wait on the device until the step is over: a host read inside the
+        # DDP hook would block every bucket.
+        pending = sync.local_sq if kind == "ddp" else list(sync.local_sq.values())
+        assert pending and all(isinstance(t, torch.Tensor) for t in pending)
         local_sq, global_sq = sync.finish()
         got = torch.cat([p.grad.reshape(-1) for p in params])
         torch.testing.assert_close(got, average, rtol=1e-6, atol=1e-7)

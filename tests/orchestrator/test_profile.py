@@ -13,10 +13,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from orchestrator.models import MODEL_NAMES, build
 from orchestrator.models.layers import LEAF_MODULES, leaf_module
 from orchestrator.profile import TraceFailure, partition, profile_model
-from orchestrator.profile.costs import Kernel, step_peak_bytes
-from orchestrator.profile.roofline import Efficiency, kernel_time_s
+from orchestrator.profile.costs import Kernel, measure_op, reference_env, step_peak_bytes
+from orchestrator.profile.roofline import Efficiency, kernel_time_s, op_time_s
 from orchestrator.profile.trace import partition as cut, trace
-from placement.cluster import V100
+from placement.cluster import A100, V100
 from placement.errors import UserError
 from placement.io import load_graph, save_graph
 
@@ -239,3 +239,38 @@ def test_bad_arguments():
         profile_model("vgg16", target="tpu")
     with pytest.raises(UserError, match="--batch 0"):
         profile_model("vgg16", batch=0)
+
+
+def test_roofline_takes_the_precisions_peak_for_matmuls_only():
+    eff = Efficiency()
+    gemm = Kernel(flops=2e12, bytes=1e6, matmul=True)
+    assert kernel_time_s(gemm, "linear", A100, eff, "tf32") == pytest.approx(
+        2e12 / (0.75 * 156e12))
+    assert kernel_time_s(gemm, "linear", A100, eff, "bf16") == pytest.approx(
+        2e12 / (0.75 * 312e12))
+    # V100 has no TF32: an fp32 GEMM stays at the fp32 peak.
+    assert kernel_time_s(gemm, "linear", V100, eff, "tf32") == pytest.approx(
+        kernel_time_s(gemm, "linear", V100, eff, "fp32"))
+    softmax = Kernel(flops=1e11, bytes=1e3, matmul=False)
+    assert kernel_time_s(softmax, "other", A100, eff, "bf16") == pytest.approx(
+        1e11 / (0.5 * 19.5e12))
+    with pytest.raises(UserError, match="fp32, tf32, bf16"):
+        kernel_time_s(gemm, "linear", A100, eff, "fp8")
+
+
+def test_projected_backward_counts_the_optimizer_step():
+    """Each op's projected backward includes SGD-momentum's pass over its parameters:
+    an op with parameters of P bytes pays at least 5 P / (eta_m W) on top of its own
+    backward kernels, an op without parameters nothing."""
+    graph = profile_model("vgg16", preset="paper", batch=1, device="meta")
+    part, _ = partition("vgg16", preset="paper", device="meta")
+    eff = Efficiency()
+    fc = next(op for op in graph.ops if op.param_bytes > 1e8)
+    assert fc.attrs["params"]
+    costs = measure_op(part, fc.id, reference_env(part, build(
+        "vgg16", "paper", device="meta").make_batch(1, device="meta")))
+    without = op_time_s(costs.backward_kernels, fc.attrs["layer_kind"], V100, eff)
+    update = 5 * fc.param_bytes / (0.8 * 900e9)
+    assert fc.backward_s["v100"] == pytest.approx(without + update, rel=1e-9)
+    pool = next(op for op in graph.ops if op.param_bytes == 0 and "pool" in op.name)
+    assert pool.backward_s["v100"] > 0
