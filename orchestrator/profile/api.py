@@ -65,9 +65,7 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     start = time.perf_counter()
     device = "meta" if preset == "paper" else "cpu"
     part, spec = partition(model, preset=preset, seq_chunk=seq_chunk, device=device)
-    batch = spec.batch if batch is None else batch
-    if batch < 1:
-        raise UserError(f"--batch {batch} must be >= 1")
+    batch = spec.batch_size(batch, "--batch")
     data = spec.make_batch(batch, device=device)
     timed = device != "meta"
     eff = efficiency or Efficiency()
@@ -108,7 +106,7 @@ def measure_step_s(model: str, *, preset: str = "tiny", batch: int | None = None
     """Median wall time of one whole forward+backward of the model on one CPU thread
     (what a profiled graph's single-device step time is compared with)."""
     spec = build(model, preset, seq_chunk=seq_chunk)
-    data = spec.make_batch(spec.batch if batch is None else batch)
+    data = spec.make_batch(spec.batch_size(batch, "--batch"))
     times = []
     with _threads(1):
         for i in range(warmup + repeats):
