@@ -21,6 +21,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.errors import user_error_in
 from orchestrator.train.launch import (
     DRIVER_RESOURCE,
     DRIVER_RESOURCE_AMOUNT,
@@ -157,7 +158,7 @@ def best_result(results: Sequence[tune.Result], where: str | Path) -> tune.Resul
                 if math.isfinite((r.metrics or {}).get(METRIC, math.nan))]
     if reported:
         return min(reported, key=lambda r: r.metrics[METRIC])
-    errors = [r.error for r in results if r.error is not None]
+    errors = [user_error_in(r.error) or r.error for r in results if r.error is not None]
     first = (f", the first with {type(errors[0]).__name__}: "
              f"{next(iter(str(errors[0]).strip().splitlines()), '')[:200]}" if errors else "")
     raise UserError(f"no trial of the sweep reported a result ({len(errors)} of "

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import (CheckpointConfig, FailureConfig, RunConfig, ScalingConfig,
+                       TrainingFailedError)
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
@@ -249,7 +251,8 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
     """Run training on the connected Ray cluster; returns rank 0's result.
 
     `resume_from`: a checkpoint directory of an earlier run, at any dp and mp degree
-    (checkpoints hold the whole model, not per-device shards)."""
+    (checkpoints hold the whole model, not per-device shards). A user's error raised in
+    a worker (missing data, a bad batch) is raised here as itself."""
     check_fits(cfg, cluster_nodes())
     if resume_from is not None and not (Path(resume_from) / STATE_FILE).is_file():
         raise UserError(f"{resume_from}: not a checkpoint of this tool (no {STATE_FILE}): "
@@ -270,4 +273,5 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
                              failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
-    return trainer.fit().return_value
+    with user_errors_raised(TrainingFailedError):
+        return trainer.fit().return_value
