@@ -1,6 +1,8 @@
-"""The whole job behind `jobs/<model>.py`: profile -> plan every candidate mp_degree ->
-cross-over projection -> Tune sweep of global batch x mp_degree -> final training of the
-winner -> report. Every stage prints a status line; everything lands in --storage."""
+"""The whole job behind `jobs/train.py --model MODEL` (and its presets jobs/<model>.py):
+profile -> plan every candidate mp_degree -> cross-over projection -> Tune sweep of
+global batch x mp_degree -> final training of the winner -> report. Every stage prints
+a status line; everything lands in --storage. What can be checked before Ray starts
+(the model builds, its batch, its data, the curve file) is checked first."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.models import build
+from torch.utils.data import Dataset
+
+from orchestrator.cli import _Parser
 from orchestrator.sweep import (
     EXPERIMENT,
     METRIC,
@@ -26,6 +30,8 @@ from orchestrator.sweep import (
     run_sweep,
     train_config,
 )
+from orchestrator.train.batches import check_data
+from orchestrator.train.checks import model_for_checks
 from orchestrator.train.launch import cluster_nodes, fit, ray_cluster
 from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
@@ -33,7 +39,13 @@ from placement.io import save_graph
 from placement.plan import Plan
 from placement.planner import PlanConfig, plan
 from placement.scaling.crossover import HybridConfig, ScalingParams, crossover, project
-from placement.scaling.efficiency import model_defaults
+from placement.scaling.efficiency import (
+    NoiseScaleModel,
+    StatisticalEfficiency,
+    dataset_size_for,
+    known_efficiency,
+    load_curve,
+)
 from placement.scaling.step import BatchRule, worker_step
 from placement.scaling.workers import default_batches, worker_steps
 
@@ -47,6 +59,8 @@ BATCH_MULTIPLES = (1, 2, 4)
 class JobArgs:
     model: str
     preset: str
+    batch_size: int | None
+    """The global batch the sweep scales (x1, x2, x4); None: the model's own."""
     data: str | None
     num_gpus: int | None
     """Devices the job may use (GPUs, or CPU cores on a CPU cluster); None: all."""
@@ -59,6 +73,16 @@ class JobArgs:
     cluster: str | None
     """Preset for the projection; None: dgx1-v100 with GPUs, the local cores without."""
     fake_cluster: str | None
+    curve: str | None
+    """CSV of global_batch,epochs measured to the target."""
+    noise_scale: float | None
+    """Gradient noise scale B_noise in samples."""
+    min_epochs: float | None
+    """E_min in epochs with --noise-scale or a calibration; None: the model's, else 1."""
+    dataset_size: float | None
+    """Samples per epoch; None: the model's, its data set's length, else 1e6."""
+    calibration_steps: int
+    """Steps of the noise-scale calibration of a model without efficiency figures."""
 
     def __post_init__(self) -> None:
         if self.max_trials < 1:
@@ -67,12 +91,25 @@ class JobArgs:
             raise UserError(f"--num-gpus {self.num_gpus}: must be >= 1")
         if self.trial_steps < 2 or self.final_steps < 1:
             raise UserError("--trial-steps must be >= 2 and --final-steps >= 1")
+        if self.calibration_steps < 1:
+            raise UserError(f"--calibration-steps {self.calibration_steps}: must be >= 1")
+        if self.min_epochs is not None and not self.min_epochs > 0:
+            raise UserError(f"--min-epochs {self.min_epochs}: must be > 0")
 
 
-def parse_args(model: str, argv: Sequence[str] | None) -> JobArgs:
-    p = argparse.ArgumentParser(prog=f"jobs/{model}.py", description=__doc__)
+def parse_args(argv: Sequence[str] | None, model: str | None = None,
+               prog: str = "jobs/train.py") -> JobArgs:
+    """The job's flags; `model` fixes the model (a preset job has no --model flag)."""
+    p = _Parser(prog=prog, description=__doc__)
+    if model is None:
+        p.add_argument("--model", required=True,
+                       help="biglstm, gnmt, inception_v3, vgg16, or MODULE:FUNCTION (a model "
+                            "of your own, importable from the working directory)")
     p.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
-    p.add_argument("--data", help="dataset root in the model's real layout "
+    p.add_argument("--batch-size", type=int, default=None, dest="batch_size",
+                   help="global batch the sweep scales x1, x2, x4 (default: the preset's, "
+                        "or the batch of the model's ModelSpec)")
+    p.add_argument("--data", help="dataset root in a built-in model's real layout "
                                   "(default: a small synthetic dataset, nothing downloaded)")
     p.add_argument("--num-gpus", type=int, default=None, dest="num_gpus",
                    help="devices to use (default: what the cluster has)")
@@ -88,25 +125,71 @@ def parse_args(model: str, argv: Sequence[str] | None) -> JobArgs:
                    help="preset whose links the projection uses")
     p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
                    help="run on a local cluster of fake-GPU nodes (testing)")
+    stats = p.add_mutually_exclusive_group()
+    stats.add_argument("--curve", help="CSV of global_batch,epochs measured to the target")
+    stats.add_argument("--noise-scale", type=float, dest="noise_scale",
+                       help="gradient noise scale B_noise in samples (default: the model's "
+                            "figures, else measured in a calibration run)")
+    p.add_argument("--min-epochs", type=float, dest="min_epochs",
+                   help="E_min in epochs (default: the model's, else 1)")
+    p.add_argument("--dataset-size", type=float, dest="dataset_size",
+                   help="samples per epoch (default: the model's, the length of its data "
+                        "set, else 1e6; scales the projected times, not their ranking)")
+    p.add_argument("--calibration-steps", type=int, default=10, dest="calibration_steps",
+                   help="steps of the noise-scale calibration (default 10)")
     a = p.parse_args(argv)
-    return JobArgs(model=model, preset=a.preset, data=a.data, num_gpus=a.num_gpus,
+    return JobArgs(model=model or a.model, preset=a.preset, batch_size=a.batch_size,
+                   data=a.data, num_gpus=a.num_gpus,
                    max_trials=a.max_trials, time_budget_s=a.time_budget_s,
                    storage=Path(a.storage).resolve(), resume=a.resume,
                    trial_steps=a.trial_steps, final_steps=a.final_steps,
-                   cluster=a.cluster, fake_cluster=a.fake_cluster)
+                   cluster=a.cluster, fake_cluster=a.fake_cluster, curve=a.curve,
+                   noise_scale=a.noise_scale, min_epochs=a.min_epochs,
+                   dataset_size=a.dataset_size, calibration_steps=a.calibration_steps)
 
 
 def status(stage: str, text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {stage}: {text}", flush=True)
 
 
-def main(model: str, argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True, kw_only=True)
+class JobInputs:
+    """What the job found out about its model before Ray started."""
+
+    base_batch: int
+    """The global batch the sweep scales."""
+    efficiency: StatisticalEfficiency | None
+    """The given or documented statistical efficiency; None: calibrate."""
+    dataset_size: float
+    """Samples per epoch."""
+
+
+def check_job(args: JobArgs) -> JobInputs:
+    """Everything that can be checked before Ray starts: the model builds (and its
+    module imports), its batch size, its data's first batch, --data, the curve file."""
+    if (args.storage / EXPERIMENT).exists() and not args.resume:
+        raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
+                        "it, or choose another --storage")
+    spec = model_for_checks(args.model, args.preset)
+    base_batch = spec.batch_size(args.batch_size)
+    check_data(spec, data=args.data, global_batch=base_batch, dp_degree=1)
+    curve = load_curve(args.curve) if args.curve else None
+    own_samples = len(spec.data) if isinstance(spec.data, Dataset) else None
+    return JobInputs(base_batch=base_batch,
+                     efficiency=known_efficiency(curve, args.noise_scale, args.min_epochs,
+                                                 args.model),
+                     dataset_size=dataset_size_for(args.dataset_size, args.model, own_samples))
+
+
+def main(model: str | None = None, argv: Sequence[str] | None = None,
+         prog: str = "jobs/train.py") -> int:
     try:
-        args = parse_args(model, argv)
+        args = parse_args(argv, model, prog)
+        inputs = check_job(args)
         with ray_cluster(args.fake_cluster):
-            run_job(args)
+            run_job(args, inputs)
     except UserError as err:
-        print(f"jobs/{model}.py: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     return 0
 
@@ -131,9 +214,9 @@ def plan_candidates(graph, cluster: ClusterSpec, mp_degrees: Sequence[int]) -> d
     return plans
 
 
-def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: ClusterSpec,
-                   base_batch: int, num_gpus: int) -> list[Candidate]:
-    defaults = model_defaults(args.model)
+def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_batch: int,
+                   num_gpus: int, efficiency: StatisticalEfficiency,
+                   dataset_size: float) -> list[Candidate]:
     rule = BatchRule(profiled_batch=float(graph.metadata.get("batch", base_batch)))
     out = []
     for m, p in plans.items():
@@ -143,8 +226,8 @@ def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: Cluste
             if gb % (dp * p.num_micro_batches):
                 continue
             worker = worker_step(graph, p, cluster, gb / dp, rule)
-            projected = project(worker, dp, cluster, defaults.efficiency,
-                                defaults.dataset_size, ScalingParams())
+            projected = project(worker, dp, cluster, efficiency, dataset_size,
+                                ScalingParams())
             out.append(Candidate(mp_degree=m, dp_degree=dp, global_batch=gb,
                                  num_micro_batches=p.num_micro_batches,
                                  lr=linear_lr(BASE_LR, base_batch, gb),
@@ -153,13 +236,10 @@ def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: Cluste
     return sorted(out, key=lambda c: c.predicted_time_s)
 
 
-def run_job(args: JobArgs) -> dict:
+def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     from orchestrator.profile import profile_model
     from orchestrator.report.html import write_report
 
-    if (args.storage / EXPERIMENT).exists() and not args.resume:
-        raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
-                        "it, or choose another --storage")
     args.storage.mkdir(parents=True, exist_ok=True)
     nodes = cluster_nodes()
     use_gpu = any(n.gpus > 0 for n in nodes)
@@ -175,7 +255,7 @@ def run_job(args: JobArgs) -> dict:
     cluster = preset(args.cluster or ("cpu" if measured_here else "dgx1-v100"))
     if measured_here:
         cluster = dataclasses.replace(cluster, devices_per_node=max(per_node, 1))
-    base_batch = build(args.model, args.preset, device="meta").batch
+    base_batch = inputs.base_batch
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
                           f"costs for {cluster.device.name}")
     graph = profile_model(args.model, preset=args.preset, batch=base_batch,
@@ -192,14 +272,16 @@ def run_job(args: JobArgs) -> dict:
         status("2/6 plan", f"mp {m}: predicted step {p.step_time * 1e3:.1f} ms "
                            f"({p.solver}, {p.num_micro_batches} micro-batches)")
 
-    status("3/6 cross-over", "DP vs hybrid time to accuracy, 1 to 4096 devices")
-    defaults = model_defaults(args.model)
+    efficiency = inputs.efficiency or calibrate(args, base_batch, use_gpu)
+    status("3/6 cross-over", f"DP vs hybrid time to accuracy, 1 to 4096 devices; "
+                             f"{efficiency.source}, {inputs.dataset_size:,.0f} samples an epoch")
     rule = BatchRule(profiled_batch=float(base_batch))
     result = crossover(worker_steps(graph, plans, cluster, default_batches(base_batch), rule),
-                       cluster, defaults.efficiency, defaults.dataset_size, 4096)
+                       cluster, efficiency, inputs.dataset_size, 4096)
     (args.storage / "crossover.json").write_text(json.dumps(result.to_dict(), indent=1))
 
-    candidates = candidates_for(args, graph, plans, cluster, base_batch, num_gpus)
+    candidates = candidates_for(graph, plans, cluster, base_batch, num_gpus, efficiency,
+                                inputs.dataset_size)
     kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
                             use_gpu=use_gpu)
     for reason in pruned:
@@ -212,12 +294,10 @@ def run_job(args: JobArgs) -> dict:
         c.dp_degree * c.mp_degree for c in chosen))
     status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
                         f"{concurrent} at a time: {[c.key() for c in chosen]}")
-    projection = {"dataset_size": defaults.dataset_size,
-                  "min_epochs": defaults.efficiency.min_epochs,
-                  "b_noise": defaults.efficiency.b_noise}
     grid = run_sweep(chosen, plans, model=args.model, preset=args.preset,
                      steps=args.trial_steps, storage=args.storage, use_gpu=use_gpu,
-                     fake_gpus=fake_gpus, data=args.data, projection=projection,
+                     fake_gpus=fake_gpus, data=args.data, efficiency=efficiency,
+                     dataset_size=inputs.dataset_size,
                      max_concurrent=concurrent, time_budget_s=args.time_budget_s,
                      resume=args.resume, driver=driver)
     best = best_result(list(grid), grid.experiment_path)
@@ -235,7 +315,9 @@ def run_job(args: JobArgs) -> dict:
                 max_failures=1, fake_gpus=fake_gpus)
     summary = {
         "model": args.model, "preset": args.preset, "cluster": cluster.name,
-        "num_gpus": num_gpus, "winner": dataclasses.asdict(winner),
+        "num_gpus": num_gpus, "base_batch": base_batch,
+        "statistical_efficiency": efficiency.source, "dataset_size": inputs.dataset_size,
+        "winner": dataclasses.asdict(winner),
         "winner_projected_time_s": best.metrics[METRIC],
         "crossover_num_gpus": result.crossover_num_gpus,
         "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
@@ -251,3 +333,20 @@ def run_job(args: JobArgs) -> dict:
                         summary=summary, candidates=chosen)
     status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
     return summary
+
+
+def calibrate(args: JobArgs, base_batch: int, use_gpu: bool) -> NoiseScaleModel:
+    """The efficiency of a model without figures of its own: McCandlish's model with the
+    gradient noise scale measured in a short training run on one device."""
+    from orchestrator.train.calibrate import noise_scale_on_cluster
+
+    status("3/6 cross-over", f"no statistical-efficiency figures for {args.model}: measuring "
+                             f"its gradient noise scale over {args.calibration_steps} steps "
+                             f"of batch {base_batch}")
+    b_noise = noise_scale_on_cluster(args.model, args.preset, global_batch=base_batch,
+                                     steps=args.calibration_steps, lr=BASE_LR, data=args.data,
+                                     use_gpu=use_gpu)
+    return NoiseScaleModel(b_noise=b_noise, min_epochs=args.min_epochs or 1.0,
+                           source=f"noise scale B_noise={b_noise:.4g} (measured in "
+                                  f"{args.calibration_steps} calibration steps of batch "
+                                  f"{base_batch})")
