@@ -35,6 +35,8 @@ def mlp_plan(tmp_path_factory):
      "schedules 2 micro-batch(es) but --micro-batches is 1"),
     (["--model", "biglstm", "--plan", "{plan}", "--mp", "2", "--micro-batches", "2"],
      "is a plan of graph 'mlp-tiny', not of 'biglstm-tiny'"),
+    (["--model", "tests.orchestrator.user_models:mlp_shallow", "--plan", "{plan}", "--mp",
+      "2", "--micro-batches", "2"], "op(s) but mlp-tiny traces to"),
 ])
 def test_bad_input_is_one_line_and_status_2_before_ray_starts(argv, message, mlp_plan,
                                                                capsys, tmp_path):

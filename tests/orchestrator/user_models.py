@@ -84,6 +84,18 @@ def mlp_short_stream() -> ModelSpec:
                      batch=8, data=two_batches)
 
 
+class ShallowClassifier(Classifier):
+    """The same model one layer shorter: what a plan of an earlier version would miss."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.fc3(torch.relu(self.fc1(x))), y)
+
+
+def mlp_shallow() -> ModelSpec:
+    return ModelSpec(name="mlp", preset="tiny", module=ShallowClassifier(),
+                     make_batch=make_batch, batch=8)
+
+
 def needs_arguments(width: int):
     return Classifier(), make_batch
 
