@@ -127,11 +127,12 @@ def check_batch(batch: tuple, reference: tuple[torch.Tensor, ...], where: str) -
 
 def check_data(spec: ModelSpec, *, data: str | None, global_batch: int,
                dp_degree: int, seed: int = 0) -> None:
-    """What can be checked of a run's data before Ray starts: that --data exists, and
-    that the model's own data gives the first step batches of the right shapes."""
+    """What can be checked of a run's data before Ray starts: --data exists and holds
+    the model's layout (its index is built here once more, seconds for a large corpus),
+    and the model's own data gives the first step batches of the right shapes."""
     if data is not None and not Path(data).exists():
         raise DataError(f"--data {data}: no such file or directory: give the dataset root")
-    if spec.data is not None or data is not None and spec.name not in _LOADERS:
+    if spec.data is not None or data is not None:
         BatchSource(spec, data=data, global_batch=global_batch, rank=0,
                     dp_degree=dp_degree, seed=seed).batch(0)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from orchestrator.data.common import DataError
+from orchestrator.data.synthetic import write_wmt
 from orchestrator.models import build
 from orchestrator.train.batches import BatchSource, check_data
 from orchestrator.train.config import TrainConfig
@@ -58,6 +59,13 @@ def test_data_of_the_wrong_shape_or_too_short_is_refused_in_one_line():
         check_data(build(f"{MODELS}:mlp"), data=".", global_batch=8, dp_degree=1)
     with pytest.raises(DataError, match="--data /no/such/dir: no such file"):
         check_data(build("gnmt"), data="/no/such/dir", global_batch=8, dp_degree=1)
+
+
+def test_a_data_root_without_the_models_layout_is_refused_before_ray(tmp_path):
+    with pytest.raises(DataError, match="vocab.bpe.32000: missing vocabulary file"):
+        check_data(build("gnmt"), data=str(tmp_path), global_batch=8, dp_degree=1)
+    check_data(build("gnmt"), data=str(write_wmt(tmp_path / "wmt", vocab_size=100)),
+               global_batch=8, dp_degree=1)
 
 
 def test_a_user_dataset_trains_on_two_devices_as_on_one(tmp_path):
