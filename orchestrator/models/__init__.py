@@ -37,6 +37,7 @@ from torch.utils.data import Dataset
 from orchestrator.models import biglstm, gnmt, inception, vgg
 from placement.errors import UserError
 
+
 class UnknownModelError(UserError):
     pass
 
