@@ -1,5 +1,5 @@
 """`ray job submit --working-dir . -- python jobs/bigLSTM.py [--preset tiny|paper] ...`:
-profile, plan, project, sweep and train biglstm end to end (see orchestrator/pipeline.py)."""
+jobs/train.py with the model fixed to biglstm (see orchestrator/pipeline.py)."""
 
 import sys
 from pathlib import Path
@@ -11,4 +11,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.pipeline import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main("biglstm", sys.argv[1:]))
+    sys.exit(main("biglstm", sys.argv[1:], prog="jobs/bigLSTM.py"))

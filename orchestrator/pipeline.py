@@ -1,21 +1,25 @@
-"""The whole job behind `jobs/<model>.py`: profile -> plan every candidate mp_degree ->
-cross-over projection -> Tune sweep of global batch x mp_degree -> final training of the
-winner -> report. Every stage prints a status line; everything lands in --storage."""
+"""The whole job behind `jobs/train.py --model MODEL` (and its presets jobs/<model>.py):
+profile -> plan every candidate mp_degree -> cross-over projection -> Tune sweep of
+global batch x mp_degree -> final training of the winner -> report. Every stage prints
+a status line; everything lands in --storage. What can be checked before Ray starts
+is checked first (orchestrator/job_args.py)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
-from orchestrator.models import build
+from orchestrator.job_args import (
+    DEFAULT_PLAN_TIME_LIMIT_S,
+    JobArgs,
+    JobInputs,
+    check_job,
+    parse_args,
+)
 from orchestrator.sweep import (
-    EXPERIMENT,
     METRIC,
     Candidate,
     best_result,
@@ -28,13 +32,13 @@ from orchestrator.sweep import (
 )
 from orchestrator.train.launch import fit, ray_cluster
 from orchestrator.train.resources import decide_devices, load_node_types, profile_on_gpu_worker
-from placement.cluster import PRESET_NAMES, ClusterSpec
+from placement.cluster import ClusterSpec
 from placement.errors import UserError
 from placement.io import save_graph
 from placement.plan import Plan
 from placement.policy import plan_mp_degrees
 from placement.scaling.crossover import HybridConfig, ScalingParams, crossover, project
-from placement.scaling.efficiency import model_defaults
+from placement.scaling.efficiency import NoiseScaleModel, StatisticalEfficiency
 from placement.scaling.step import BatchRule, worker_step
 from placement.scaling.workers import default_batches, worker_steps
 
@@ -42,84 +46,21 @@ from placement.scaling.workers import default_batches, worker_steps
 BASE_LR = 0.05
 #: Global batches the sweep tries, as multiples of the preset's batch.
 BATCH_MULTIPLES = (1, 2, 4)
-#: The planning stage's budget: keeps `make demo` (BigLSTM tiny, 2 cores) within 3
-#: minutes end to end (docs/benchmarks.md, "The job's planning stage").
-DEFAULT_PLAN_TIME_LIMIT_S = 20.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobArgs:
-    model: str
-    preset: str
-    data: str | None
-    num_gpus: int | None
-    """Devices the job may use (GPUs, or CPU cores on a CPU cluster); None: all."""
-    max_trials: int
-    time_budget_s: float | None
-    storage: Path
-    resume: bool
-    trial_steps: int
-    final_steps: int
-    cluster: str | None
-    """Preset for the projection; None: dgx1-v100 with GPUs, the local cores without."""
-    fake_cluster: str | None
-    plan_time_limit_s: float = DEFAULT_PLAN_TIME_LIMIT_S
-    """Seconds the planning stage may take over all its plans (the MILP's budget)."""
-
-    def __post_init__(self) -> None:
-        if self.max_trials < 1:
-            raise UserError(f"--max-trials {self.max_trials}: must be >= 1")
-        if self.num_gpus is not None and self.num_gpus < 1:
-            raise UserError(f"--num-gpus {self.num_gpus}: must be >= 1")
-        if self.trial_steps < 2 or self.final_steps < 1:
-            raise UserError("--trial-steps must be >= 2 and --final-steps >= 1")
-        if self.plan_time_limit_s <= 0:
-            raise UserError(f"--plan-time-limit {self.plan_time_limit_s}: must be > 0 "
-                            f"seconds (default {DEFAULT_PLAN_TIME_LIMIT_S:g})")
-
-
-def parse_args(model: str, argv: Sequence[str] | None) -> JobArgs:
-    p = argparse.ArgumentParser(prog=f"jobs/{model}.py", description=__doc__)
-    p.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
-    p.add_argument("--data", help="dataset root in the model's real layout "
-                                  "(default: a small synthetic dataset, nothing downloaded)")
-    p.add_argument("--num-gpus", type=int, default=None, dest="num_gpus",
-                   help="devices to use (default: what the cluster has)")
-    p.add_argument("--max-trials", type=int, default=4, dest="max_trials")
-    p.add_argument("--time-budget-s", type=float, default=None, dest="time_budget_s")
-    p.add_argument("--storage", default="results",
-                   help="where the sweep, checkpoints and report go")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted sweep in --storage")
-    p.add_argument("--trial-steps", type=int, default=6, dest="trial_steps")
-    p.add_argument("--final-steps", type=int, default=20, dest="final_steps")
-    p.add_argument("--cluster", choices=PRESET_NAMES, default=None,
-                   help="preset whose links the projection uses")
-    p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
-                   help="run on a local cluster of fake-GPU nodes (testing)")
-    p.add_argument("--plan-time-limit", type=float, default=DEFAULT_PLAN_TIME_LIMIT_S,
-                   dest="plan_time_limit", help="seconds the planning stage's MILP solves "
-                   f"may take in all (default {DEFAULT_PLAN_TIME_LIMIT_S:g})")
-    a = p.parse_args(argv)
-    return JobArgs(model=model, preset=a.preset, data=a.data, num_gpus=a.num_gpus,
-                   max_trials=a.max_trials, time_budget_s=a.time_budget_s,
-                   storage=Path(a.storage).resolve(), resume=a.resume,
-                   trial_steps=a.trial_steps, final_steps=a.final_steps,
-                   cluster=a.cluster, fake_cluster=a.fake_cluster,
-                   plan_time_limit_s=a.plan_time_limit)
 
 
 def status(stage: str, text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {stage}: {text}", flush=True)
 
 
-def main(model: str, argv: Sequence[str] | None = None) -> int:
+def main(model: str | None = None, argv: Sequence[str] | None = None,
+         prog: str = "jobs/train.py") -> int:
     try:
-        args = parse_args(model, argv)
+        args = parse_args(argv, model, prog)
+        inputs = check_job(args)
         with ray_cluster(args.fake_cluster):
-            run_job(args)
+            run_job(args, inputs)
     except UserError as err:
-        print(f"jobs/{model}.py: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     return 0
 
@@ -152,9 +93,9 @@ def plan_status(mp_degree: int, p: Plan) -> str:
     return line + "".join(f"; {n}" for n in why)
 
 
-def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: ClusterSpec,
-                   base_batch: int, num_gpus: int) -> list[Candidate]:
-    defaults = model_defaults(args.model)
+def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_batch: int,
+                   num_gpus: int, efficiency: StatisticalEfficiency,
+                   dataset_size: float) -> list[Candidate]:
     rule = BatchRule(profiled_batch=float(graph.metadata.get("batch", base_batch)))
     out = []
     for m, p in plans.items():
@@ -164,8 +105,8 @@ def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: Cluste
             if gb % (dp * p.num_micro_batches):
                 continue
             worker = worker_step(graph, p, cluster, gb / dp, rule)
-            projected = project(worker, dp, cluster, defaults.efficiency,
-                                defaults.dataset_size, ScalingParams())
+            projected = project(worker, dp, cluster, efficiency, dataset_size,
+                                ScalingParams())
             out.append(Candidate(mp_degree=m, dp_degree=dp, global_batch=gb,
                                  num_micro_batches=p.num_micro_batches,
                                  lr=linear_lr(BASE_LR, base_batch, gb),
@@ -174,13 +115,10 @@ def candidates_for(args: JobArgs, graph, plans: dict[int, Plan], cluster: Cluste
     return sorted(out, key=lambda c: c.predicted_time_s)
 
 
-def run_job(args: JobArgs) -> dict:
+def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     from orchestrator.profile import profile_model
     from orchestrator.report.html import write_report
 
-    if (args.storage / EXPERIMENT).exists() and not args.resume:
-        raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
-                        "it, or choose another --storage")
     args.storage.mkdir(parents=True, exist_ok=True)
     # On an autoscaling cluster the GPU nodes exist once asked for (train/resources.py).
     devices = decide_devices(args.num_gpus, fake_gpus=args.fake_cluster is not None,
@@ -188,7 +126,7 @@ def run_job(args: JobArgs) -> dict:
                              say=lambda text: status("0/6 devices", text))
     nodes, use_gpu, fake_gpus = devices.nodes, devices.use_gpu, devices.fake_gpus
     num_gpus, cluster, measured_here = devices.num_gpus, devices.cluster, devices.measured_here
-    base_batch = build(args.model, args.preset, device="meta").batch
+    base_batch = inputs.base_batch
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
                           f"costs for {cluster.device.name}"
                           + ("" if measured_here else ", timed on a GPU worker"))
@@ -208,14 +146,16 @@ def run_job(args: JobArgs) -> dict:
         p.save(plans_dir / f"plan_mp{m}.json")
         status("2/6 plan", plan_status(m, p))
 
-    status("3/6 cross-over", "DP vs hybrid time to accuracy, 1 to 4096 devices")
-    defaults = model_defaults(args.model)
+    efficiency = inputs.efficiency or calibrate(args, base_batch, use_gpu)
+    status("3/6 cross-over", f"DP vs hybrid time to accuracy, 1 to 4096 devices; "
+                             f"{efficiency.source}, {inputs.dataset_size:,.0f} samples an epoch")
     rule = BatchRule(profiled_batch=float(base_batch))
     result = crossover(worker_steps(graph, plans, cluster, default_batches(base_batch), rule),
-                       cluster, defaults.efficiency, defaults.dataset_size, 4096)
+                       cluster, efficiency, inputs.dataset_size, 4096)
     (args.storage / "crossover.json").write_text(json.dumps(result.to_dict(), indent=1))
 
-    candidates = candidates_for(args, graph, plans, cluster, base_batch, num_gpus)
+    candidates = candidates_for(graph, plans, cluster, base_batch, num_gpus, efficiency,
+                                inputs.dataset_size)
     kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
                             use_gpu=use_gpu)
     for reason in pruned:
@@ -228,12 +168,10 @@ def run_job(args: JobArgs) -> dict:
         c.dp_degree * c.mp_degree for c in chosen))
     status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
                         f"{concurrent} at a time: {[c.key() for c in chosen]}")
-    projection = {"dataset_size": defaults.dataset_size,
-                  "min_epochs": defaults.efficiency.min_epochs,
-                  "b_noise": defaults.efficiency.b_noise}
     grid = run_sweep(chosen, plans, model=args.model, preset=args.preset,
                      steps=args.trial_steps, storage=args.storage, use_gpu=use_gpu,
-                     fake_gpus=fake_gpus, data=args.data, projection=projection,
+                     fake_gpus=fake_gpus, data=args.data, efficiency=efficiency,
+                     dataset_size=inputs.dataset_size,
                      max_concurrent=concurrent, time_budget_s=args.time_budget_s,
                      resume=args.resume, driver=driver)
     best = best_result(list(grid), grid.experiment_path)
@@ -251,7 +189,9 @@ def run_job(args: JobArgs) -> dict:
                 max_failures=1, fake_gpus=fake_gpus)
     summary = {
         "model": args.model, "preset": args.preset, "cluster": cluster.name,
-        "num_gpus": num_gpus, "winner": dataclasses.asdict(winner),
+        "num_gpus": num_gpus, "base_batch": base_batch,
+        "statistical_efficiency": efficiency.source, "dataset_size": inputs.dataset_size,
+        "winner": dataclasses.asdict(winner),
         "winner_projected_time_s": best.metrics[METRIC],
         "crossover_num_gpus": result.crossover_num_gpus,
         "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
@@ -267,3 +207,20 @@ def run_job(args: JobArgs) -> dict:
                         summary=summary, candidates=chosen)
     status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
     return summary
+
+
+def calibrate(args: JobArgs, base_batch: int, use_gpu: bool) -> NoiseScaleModel:
+    """The efficiency of a model without figures of its own: McCandlish's model with the
+    gradient noise scale measured in a short training run on one device."""
+    from orchestrator.train.calibrate import noise_scale_on_cluster
+
+    status("3/6 cross-over", f"no statistical-efficiency figures for {args.model}: measuring "
+                             f"its gradient noise scale over {args.calibration_steps} steps "
+                             f"of batch {base_batch}")
+    b_noise = noise_scale_on_cluster(args.model, args.preset, global_batch=base_batch,
+                                     steps=args.calibration_steps, lr=BASE_LR, data=args.data,
+                                     use_gpu=use_gpu)
+    return NoiseScaleModel(b_noise=b_noise, min_epochs=args.min_epochs or 1.0,
+                           source=f"noise scale B_noise={b_noise:.4g} (measured in "
+                                  f"{args.calibration_steps} calibration steps of batch "
+                                  f"{base_batch})")

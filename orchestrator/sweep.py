@@ -22,6 +22,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.sync import process_group_backend
+from orchestrator.train.errors import user_error_in
 from orchestrator.train.launch import (
     DRIVER_RESOURCE,
     DRIVER_RESOURCE_AMOUNT,
@@ -32,6 +33,7 @@ from orchestrator.train.launch import (
 from orchestrator.train.worker import train_loop_per_worker
 from placement.errors import UserError
 from placement.plan import Plan
+from placement.scaling.efficiency import StatisticalEfficiency
 
 METRIC = "projected_time_s"
 EXPERIMENT = "sweep"
@@ -96,6 +98,16 @@ def train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu: 
                        checkpoint_every=steps, data=data, use_gpu=use_gpu)
 
 
+def trial_projection(efficiency: StatisticalEfficiency, dataset_size: float,
+                     global_batch: int) -> dict:
+    """What a trial's workers project its time to accuracy from. They take McCandlish's
+    (E_min, B_noise); at the trial's one global batch B, E_min = the epochs the job's
+    efficiency (a curve, a noise scale or a model's defaults) needs at B, with
+    B_noise = inf, gives exactly those epochs."""
+    return {"dataset_size": dataset_size, "min_epochs": efficiency.epochs(global_batch),
+            "b_noise": math.inf}
+
+
 def _trial(config: dict, *, job: dict) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
     c = Candidate(**config["candidate"])
@@ -105,7 +117,9 @@ def _trial(config: dict, *, job: dict) -> None:
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": cfg.to_dict(), "plan": job["plans"][str(c.mp_degree)],
-                           "projection": job["projection"]},
+                           "projection": trial_projection(job["efficiency"],
+                                                          job["dataset_size"],
+                                                          c.global_batch)},
         scaling_config=ScalingConfig(num_workers=c.dp_degree, use_gpu=cfg.use_gpu,
                                      resources_per_worker=worker_resources(cfg)),
         torch_config=TorchConfig(backend=job["backend"]),
@@ -119,14 +133,18 @@ def _trial(config: dict, *, job: dict) -> None:
 
 def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model: str,
               preset: str, steps: int, storage: str | Path, use_gpu: bool, fake_gpus: bool,
-              data: str | None, projection: dict, max_concurrent: int,
-              time_budget_s: float | None, resume: bool, driver: dict) -> tune.ResultGrid:
-    """Run (or, with `resume`, continue) the sweep; finished trials are never re-run."""
+              data: str | None, efficiency: StatisticalEfficiency, dataset_size: float,
+              max_concurrent: int, time_budget_s: float | None, resume: bool,
+              driver: dict) -> tune.ResultGrid:
+    """Run (or, with `resume`, continue) the sweep; finished trials are never re-run.
+    Trials rank by time to accuracy from `efficiency` over `dataset_size` samples an
+    epoch."""
     storage = str(Path(storage).resolve())
     path = Path(storage) / EXPERIMENT
     job = {
         "model": model, "preset": preset, "steps": steps, "use_gpu": use_gpu, "data": data,
-        "plans": {str(m): p.to_dict() for m, p in plans.items()}, "projection": projection,
+        "plans": {str(m): p.to_dict() for m, p in plans.items()},
+        "efficiency": efficiency, "dataset_size": dataset_size,
         "storage": str(Path(storage) / "trials"),
         "fake_gpus": fake_gpus,
         "backend": process_group_backend(use_gpu=use_gpu, fake_gpus=fake_gpus),
@@ -160,7 +178,7 @@ def best_result(results: Sequence[tune.Result], where: str | Path) -> tune.Resul
                 if math.isfinite((r.metrics or {}).get(METRIC, math.nan))]
     if reported:
         return min(reported, key=lambda r: r.metrics[METRIC])
-    errors = [r.error for r in results if r.error is not None]
+    errors = [user_error_in(r.error) or r.error for r in results if r.error is not None]
     first = (f", the first with {type(errors[0]).__name__}: "
              f"{next(iter(str(errors[0]).strip().splitlines()), '')[:200]}" if errors else "")
     raise UserError(f"no trial of the sweep reported a result ({len(errors)} of "

@@ -14,7 +14,7 @@ from placement.graph import OpGraph
 from placement.io import load_graph
 from placement.scaling.comm import ALGORITHMS
 from placement.scaling.crossover import CrossoverResult, ScalingParams, crossover
-from placement.scaling.efficiency import MODEL_DEFAULTS, efficiency_for, load_curve
+from placement.scaling.efficiency import dataset_size_for, efficiency_for, load_curve
 from placement.scaling.step import BatchRule
 from placement.policy import DEFAULT_SOLVER
 from placement.scaling.workers import (
@@ -24,11 +24,6 @@ from placement.scaling.workers import (
     worker_plans,
     worker_steps,
 )
-
-#: Samples per epoch assumed when neither --dataset-size nor a known model gives one:
-#: times scale with it, speedups and the cross-over do not.
-DEFAULT_DATASET_SIZE = 1_000_000
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crossover", help="DP vs hybrid time to accuracy and the cross-over",
@@ -102,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
              else load_graph(args.graph))
     model = args.model or graph.metadata.get("model")
     efficiency = efficiency_for(curve, args.noise_scale, args.min_epochs, model)
-    dataset_size = args.dataset_size or (MODEL_DEFAULTS[model].dataset_size
-                                         if model in MODEL_DEFAULTS else DEFAULT_DATASET_SIZE)
+    dataset_size = dataset_size_for(args.dataset_size, model)
     b0 = args.profiled_batch or graph.metadata.get("batch")
     if b0 is None:
         raise UserError(f"graph {graph.name!r} does not say which batch it was profiled at: "

@@ -6,6 +6,7 @@ import argparse
 import json
 import tempfile
 import time
+from pathlib import Path
 
 from orchestrator.train.config import TrainConfig
 from placement.errors import UserError
@@ -16,13 +17,16 @@ from placement.policy import DEFAULT_SOLVER
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model with dp workers of mp devices each",
                        description=__doc__)
-    p.add_argument("--model", required=True, help="biglstm, gnmt, inception_v3 or vgg16")
+    p.add_argument("--model", required=True,
+                   help="biglstm, gnmt, inception_v3, vgg16, or MODULE:FUNCTION (a model "
+                        "of your own, see orchestrator.models)")
     p.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
     p.add_argument("--dp", type=int, default=1, help="workers (data parallel)")
     p.add_argument("--mp", type=int, default=1, help="devices per worker (model parallel)")
     p.add_argument("--micro-batches", type=int, default=1, dest="micro_batches")
     p.add_argument("--global-batch", type=int, default=None, dest="global_batch",
-                   help="samples per step over all workers (default: the preset's)")
+                   help="samples per step over all workers (default: the preset's, or "
+                        "the batch of the model's ModelSpec)")
     p.add_argument("--plan", help="plan JSON from `orchestrator plan` (default: profile "
                                   "and plan now)")
     p.add_argument("--solver", default=DEFAULT_SOLVER,
@@ -35,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=5, dest="checkpoint_every")
     p.add_argument("--mixed-precision", action="store_true", dest="mixed_precision")
     p.add_argument("--clip-grad-norm", type=float, default=None, dest="clip_grad_norm")
-    p.add_argument("--data", help="dataset root in the model's layout (default: synthetic)")
+    p.add_argument("--data", help="dataset root in a built-in model's layout (default: "
+                                  "synthetic; a model of your own brings its data)")
     p.add_argument("--max-failures", type=int, default=1, dest="max_failures")
     p.add_argument("--gpu", action="store_true", help="workers take GPUs (NCCL)")
     p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
@@ -46,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator.train.checks import check_run, model_for_checks
     from orchestrator.train.launch import (
         PLAN_TIME_LIMIT_S,
         fit,
@@ -59,15 +65,22 @@ def run(args: argparse.Namespace) -> int:
     time_limit_s = PLAN_TIME_LIMIT_S if args.plan_time_limit is None else args.plan_time_limit
     if time_limit_s <= 0:
         raise UserError(f"--plan-time-limit {time_limit_s}: must be > 0 seconds")
+    spec = model_for_checks(args.model, args.preset)
     cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=args.dp,
-                      mp_degree=args.mp, global_batch=args.global_batch,
+                      mp_degree=args.mp,
+                      global_batch=spec.batch_size(args.global_batch, "--global-batch"),
                       num_micro_batches=args.micro_batches, steps=args.steps, lr=args.lr,
                       checkpoint_every=args.checkpoint_every,
                       mixed_precision=args.mixed_precision,
                       clip_grad_norm=args.clip_grad_norm, data=args.data,
                       use_gpu=args.gpu or bool(args.fake_cluster))
-    worker_plan = (load_plan(args.plan) if args.plan
-                   else plan_worker(cfg, solver=args.solver, time_limit_s=time_limit_s))
+    if args.plan and not Path(args.plan).is_file():
+        raise UserError(f"--plan {args.plan}: no such file: give a plan JSON from "
+                        "orchestrator plan --out, or leave --plan out")
+    worker_plan = load_plan(args.plan) if args.plan else None
+    check_run(cfg, spec, worker_plan, plan_file=args.plan or "the plan")
+    worker_plan = worker_plan or plan_worker(cfg, solver=args.solver,
+                                             time_limit_s=time_limit_s)
     storage = args.storage or tempfile.mkdtemp(prefix="orchestrator-train-")
     with ray_cluster(args.fake_cluster):
         result = fit(cfg, worker_plan, storage=storage,

@@ -11,10 +11,13 @@ traced graph contains the loss too and a step is fully described by one module. 
 
 Presets: `paper` (as published) and `tiny` (a forward and backward in well under a
 second on one CPU core, for tests). A model of your own: `"my_pkg.my_mod:build_fn"`,
-where `build_fn(preset)` returns a `ModelSpec`, or `(module, make_batch)` with
-`module(*batch)` returning the loss, or `(module, make_batch, loss_fn)` with the loss
+where `build_fn()` (or `build_fn(preset)`, given the preset only when it has a parameter
+named `preset`) returns a `ModelSpec`, or `(module, make_batch)` with `module(*batch)`
+returning the loss, or `(module, make_batch, loss_fn)` with the loss
 `loss_fn(module(*batch[:-1]), batch[-1])`; `make_batch(batch_size)` returns a tuple of
-tensors.
+tensors. Only a `ModelSpec` carries a batch size and the model's own data (`data`);
+a bare tuple gets its batch from the run (--batch-size, --global-batch) and is fed by
+`make_batch`.
 """
 
 from __future__ import annotations
@@ -22,17 +25,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from orchestrator.models import biglstm, gnmt, inception, vgg
 from placement.errors import UserError
-
-#: Default batch of a user model built from a bare (module, make_batch) pair.
-DEFAULT_USER_BATCH = 8
 
 
 class UnknownModelError(UserError):
@@ -47,14 +50,38 @@ class ModelSpec:
     """forward(*batch) -> scalar loss of the step."""
     make_batch: Callable[..., tuple[torch.Tensor, ...]]
     """make_batch(batch_size, *, device='cpu', seed=0) -> the step's input tensors."""
-    batch: int
-    """The preset's batch (samples per step)."""
+    batch: int | None
+    """The preset's batch (samples per step); None: the model names none and the run
+    gives it (a user's bare (module, make_batch) pair)."""
     seq_chunk: int | None = None
     """Time steps per op for recurrent models; None for the others."""
+    data: Dataset | Callable[[int, int, int], Iterable[tuple[torch.Tensor, ...]]] | None = None
+    """The model's own training data; None: `make_batch` feeds the steps. Either a
+    `torch.utils.data.Dataset` whose items are one sample's tensors in the order of
+    `module(*batch)` (each worker takes its rows of every global batch), or a function
+    `data(rank, world_size, batch_size)` yielding worker `rank`'s batches of
+    `batch_size` samples (its share of the global batch, disjoint from the other
+    workers'), one per step."""
 
     def __post_init__(self) -> None:
-        if self.batch < 1:
-            raise ValueError(f"model {self.name}: batch={self.batch} must be >= 1")
+        if self.batch is not None and self.batch < 1:
+            raise UserError(f"model {self.name}: batch={self.batch} must be >= 1")
+        if self.data is not None and not (isinstance(self.data, Dataset)
+                                          or callable(self.data)):
+            raise UserError(f"model {self.name}: data is a {type(self.data).__name__}: give "
+                            "a torch.utils.data.Dataset or a function (rank, world_size, "
+                            "batch_size) yielding batches")
+
+    def batch_size(self, given: int | None, flag: str = "--batch-size") -> int:
+        """Samples per step: `given` (the run's `flag`) or else the spec's own batch."""
+        if given is not None:
+            if given < 1:
+                raise UserError(f"{flag} {given}: must be >= 1")
+            return given
+        if self.batch is None:
+            raise UserError(f"model {self.name} names no batch size: pass {flag} N, or "
+                            "return a ModelSpec with batch=N from the builder")
+        return self.batch
 
 
 _MODELS = {
@@ -127,17 +154,14 @@ def with_loss(model: nn.Module, loss_fn: Callable, num_tensors: int) -> WithLoss
 
 
 def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
-    module_name, _, fn_name = ref.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as err:
-        raise UnknownModelError(
-            f"cannot load model builder {ref!r} ({err}): give MODULE:FUNCTION of an "
-            f"importable function, or one of {', '.join(MODEL_NAMES)}") from None
+    fn = _builder(ref)
     torch.manual_seed(seed)
     with torch.device(device or "cpu"):
-        built = fn(preset) if inspect.signature(fn).parameters else fn()
+        built = fn(preset=preset) if "preset" in inspect.signature(fn).parameters else fn()
     if isinstance(built, ModelSpec):
+        if built.name in _MODELS:
+            raise UserError(f"{ref} returned a ModelSpec named {built.name!r}, the name of a "
+                            "built-in model: give it a name of its own")
         return built
     if not isinstance(built, tuple) or len(built) not in (2, 3):
         raise UserError(f"{ref} returned {type(built).__name__}: return a ModelSpec, "
@@ -147,8 +171,36 @@ def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
         module = with_loss(module, built[2], len(user_batch(1)))
 
     def batch_fn(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
-        torch.manual_seed(seed)
-        return tuple(t.to(device) for t in user_batch(batch))
+        # Seeded on a fork of the RNG: drawing a batch leaves training's random stream
+        # (dropout, the next batch) where it was.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return tuple(t.to(device) for t in user_batch(batch))
 
-    return ModelSpec(name=ref, preset=preset, module=module, make_batch=batch_fn,
-                     batch=DEFAULT_USER_BATCH)
+    return ModelSpec(name=ref, preset=preset, module=module, make_batch=batch_fn, batch=None)
+
+
+def _builder(ref: str) -> Callable:
+    """The function `ref` names, checked to be callable with no argument but `preset`."""
+    module_name, _, fn_name = ref.partition(":")
+    # MODULE is looked up in the current directory too, as `python -m` would: the
+    # `orchestrator` script and jobs/*.py are started from elsewhere (and local Ray's
+    # workers get the driver's current directory on their path).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as err:
+        raise UnknownModelError(
+            f"cannot load model builder {ref!r} ({err}): give MODULE:FUNCTION of an "
+            f"importable function, or one of {', '.join(MODEL_NAMES)}") from None
+    if not callable(fn):
+        raise UnknownModelError(f"{ref} is a {type(fn).__name__}, not a function: give "
+                                "MODULE:FUNCTION of a model builder")
+    required = [name for name, p in inspect.signature(fn).parameters.items()
+                if name != "preset" and p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        raise UserError(f"{ref} needs argument(s) {', '.join(required)}: a model builder "
+                        "takes none, or only one named preset")
+    return fn

@@ -66,7 +66,7 @@ def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: i
     spec = build(model, preset, seq_chunk=seq_chunk, device=device, seed=seed)
     # torch.export traces an example batch (two samples at least, so that the samples
     # dimension is not specialised to 1); fx tracing needs none.
-    example = spec.make_batch(max(spec.batch, 2), device=device or "cpu")
+    example = spec.make_batch(max(spec.batch or 2, 2), device=device or "cpu")
     captured = capture(spec.module, example, batched_inputs(spec.make_batch),
                        granularity=granularity, name=spec.name)
     return captured.partition(), spec, captured
@@ -132,9 +132,7 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     start = time.perf_counter()
     part, spec, captured = _captured(model, preset=preset, seq_chunk=seq_chunk,
                                      device=device, seed=0, granularity=granularity)
-    batch = spec.batch if batch is None else batch
-    if batch < 1:
-        raise UserError(f"--batch {batch} must be >= 1")
+    batch = spec.batch_size(batch, "--batch")
     data = spec.make_batch(batch, device=device)
     timed = measured is not None
     eff = efficiency or Efficiency()
@@ -180,7 +178,7 @@ def measure_step_s(model: str, *, preset: str = "tiny", batch: int | None = None
     the current GPU timed with CUDA events (what a profiled graph's single-device step
     time is compared with)."""
     spec = build(model, preset, seq_chunk=seq_chunk, device=device)
-    data = spec.make_batch(spec.batch if batch is None else batch, device=device)
+    data = spec.make_batch(spec.batch_size(batch, "--batch"), device=device)
     clock = StepClock(torch.device(device))
     times = []
     with _threads(1):

@@ -12,14 +12,16 @@ FAIL_MODES = ("raise", "kill")
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     model: str
-    """A model name of orchestrator.models (biglstm, gnmt, inception_v3, vgg16)."""
+    """A model name of orchestrator.models (biglstm, gnmt, inception_v3, vgg16), or
+    MODULE:FUNCTION of a model of your own (importable on every worker)."""
     preset: str = "tiny"
     dp_degree: int = 1
     """Workers (data-parallel replicas)."""
     mp_degree: int = 1
     """Devices per worker (model-parallel group size)."""
     global_batch: int | None = None
-    """Samples per optimizer step across all workers; None: the preset's batch."""
+    """Samples per optimizer step across all workers; None: the preset's batch (a
+    model of your own without one needs it given)."""
     num_micro_batches: int = 1
     steps: int = 10
     """Optimizer steps to run (in total, across restarts)."""
@@ -33,7 +35,8 @@ class TrainConfig:
     clip_grad_norm: float | None = None
     """Clip the global gradient norm to this value; None: no clipping."""
     data: str | None = None
-    """Dataset root in the model's real layout; None: a small synthetic dataset."""
+    """Dataset root in a built-in model's real layout; None: a small synthetic dataset
+    (a model of your own brings its data in its ModelSpec, or is fed by make_batch)."""
     use_gpu: bool = False
     fake_gpus: bool = False
     """The cluster's GPUs exist only in Ray's bookkeeping (a test cluster on a CPU host):

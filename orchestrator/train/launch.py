@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import (CheckpointConfig, FailureConfig, RunConfig, ScalingConfig,
+                       TrainingFailedError)
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.sync import process_group_backend
+from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
@@ -266,7 +268,9 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
     """Run training on the connected Ray cluster; returns rank 0's result.
 
     `resume_from`: a checkpoint directory of an earlier run, at any dp and mp degree
-    (checkpoints hold the whole model, not per-device shards)."""
+    (checkpoints hold the whole model, not per-device shards). A user's error raised in
+    a worker (missing data, a bad batch, a GPU node without CUDA) is raised here as
+    itself."""
     cfg = dataclasses.replace(cfg, fake_gpus=cfg.fake_gpus or fake_gpus)
     # Imported here: resources.py builds on this module's cluster view.
     from orchestrator.train.resources import acquire, load_node_types, plan_worker_request
@@ -295,11 +299,5 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
                              failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )
-    try:
+    with user_errors_raised(TrainingFailedError):
         return trainer.fit().return_value
-    except ray.train.TrainingFailedError as err:
-        # A worker's bad-input error (e.g. a GPU node without CUDA) is the user's one
-        # line, not Ray's traceback of every worker.
-        from orchestrator.train.resources import user_error_in
-
-        raise user_error_in(err) or err from None

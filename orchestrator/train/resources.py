@@ -20,6 +20,7 @@ from pathlib import Path
 import ray
 import yaml
 
+from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.launch import NodeResources, cluster_nodes
 from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
@@ -253,25 +254,6 @@ def profile_on_gpu_worker(model: str, *, preset_name: str, batch: int, target: s
                              device="cuda")
 
     task = ray.remote(num_gpus=1, max_retries=0)(run)
-    try:
+    with user_errors_raised(ray.exceptions.RayTaskError):
         return ray.get(task.remote(), timeout=timeout_s)
-    except ray.exceptions.RayTaskError as err:
-        raise user_error_in(err) or err from None
 
-
-def user_error_in(err: BaseException) -> UserError | None:
-    """The UserError a Ray task or Ray Train worker raised, out of Ray's wrappers
-    (RayTaskError's cause, a worker group's failures), or None."""
-    pending = [err]
-    while pending:
-        e = pending.pop()
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, BaseException):
-            pending.append(cause)
-            continue
-        if isinstance(e, UserError):
-            return e
-        pending.extend(getattr(e, "worker_failures", {}).values())
-        if e.__cause__ is not None:
-            pending.append(e.__cause__)
-    return None

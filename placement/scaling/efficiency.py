@@ -211,9 +211,28 @@ def model_defaults(name: str) -> ModelDefaults:
                         "--noise-scale X") from None
 
 
-def efficiency_for(curve: EpochCurve | None, b_noise: float | None, min_epochs: float | None,
-                   model: str | None) -> StatisticalEfficiency:
-    """The preferred source that is present: curve, then noise scale, then defaults."""
+#: Samples per epoch assumed when neither the user nor a known model gives one: times to
+#: accuracy scale with it; speedups, the cross-over and the sweep's ranking do not.
+DEFAULT_DATASET_SIZE = 1_000_000
+
+
+def dataset_size_for(given: float | None, model: str | None,
+                     num_samples: int | None = None) -> float:
+    """Samples per epoch: `given`, else the model's documented figure, else
+    `num_samples` (the length of the model's own data set), else DEFAULT_DATASET_SIZE."""
+    if given is not None:
+        if not (given > 0 and math.isfinite(given)):
+            raise UserError(f"--dataset-size {given}: must be a positive number of samples")
+        return given
+    if model in MODEL_DEFAULTS:
+        return MODEL_DEFAULTS[model].dataset_size
+    return float(num_samples) if num_samples else DEFAULT_DATASET_SIZE
+
+
+def known_efficiency(curve: EpochCurve | None, b_noise: float | None,
+                     min_epochs: float | None, model: str | None) -> StatisticalEfficiency | None:
+    """The preferred source that is present: curve, then noise scale, then the model's
+    defaults; None when there is none (a model of one's own: measure its noise scale)."""
     if curve is not None:
         return curve
     if b_noise is not None:
@@ -222,8 +241,18 @@ def efficiency_for(curve: EpochCurve | None, b_noise: float | None, min_epochs: 
         return NoiseScaleModel(b_noise=b_noise,
                                min_epochs=min_epochs if min_epochs is not None else default_epochs,
                                source=f"noise scale B_noise={b_noise:g} (user)")
+    if model in MODEL_DEFAULTS:
+        return MODEL_DEFAULTS[model].efficiency
+    return None
+
+
+def efficiency_for(curve: EpochCurve | None, b_noise: float | None, min_epochs: float | None,
+                   model: str | None) -> StatisticalEfficiency:
+    """`known_efficiency`, refusing to go on without one."""
+    found = known_efficiency(curve, b_noise, min_epochs, model)
+    if found is not None:
+        return found
     if model is None:
         raise UserError("no statistical-efficiency data for this graph: pass --curve "
                         "FILE.csv (global_batch,epochs) or --noise-scale X (samples)")
     return model_defaults(model).efficiency
-

@@ -178,3 +178,18 @@ def test_other_models_jobs(ray_head, tmp_path, job, model):
     assert check_results(storage, num_trials=1)["model"] == model
 
 
+
+
+def test_a_model_of_your_own_through_the_sweep_job(ray_head, tmp_path):
+    """jobs/train.py --model MODULE:FUNCTION under `ray job submit --working-dir .`: the
+    user's module is imported from the working directory on the driver and the workers,
+    its data set feeds every trial, and its noise scale is measured (it has no figures)."""
+    storage = tmp_path / "mlp"
+    result = submit(ray_head, "train.py", "--model", "tests.orchestrator.user_models:mlp_dataset",
+                    "--max-trials", "2", "--trial-steps", "2", "--final-steps", "2",
+                    "--calibration-steps", "4", "--storage", str(storage))
+    assert_succeeded(result)
+    winner = check_results(storage, num_trials=2)
+    assert winner["model"] == "tests.orchestrator.user_models:mlp_dataset"
+    assert winner["base_batch"] == 8 and winner["dataset_size"] == 64
+    assert "measured in 4 calibration steps" in winner["statistical_efficiency"]

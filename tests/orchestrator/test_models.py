@@ -100,3 +100,56 @@ def test_a_user_model_by_reference():
     x, y = batch
     expected = nn.functional.cross_entropy(spec.module.model(x), y)
     assert spec.module(*batch).item() == expected.item()
+
+
+def width_builder(width: int = 5):
+    """A builder with a parameter that is not `preset`: it must be left at its default."""
+    return nn.Linear(width, 1), lambda n: (torch.randn(n, width),)
+
+
+def preset_builder(preset: str):
+    return nn.Linear(4 if preset == "tiny" else 8, 1), lambda n: (torch.randn(n, 4),)
+
+
+def needs_width(width: int):
+    return nn.Linear(width, 1), lambda n: (torch.randn(n, width),)
+
+
+def test_a_builder_gets_the_preset_only_through_a_parameter_named_preset():
+    assert build("tests.orchestrator.test_models:width_builder", "tiny").module.in_features == 5
+    assert build("tests.orchestrator.test_models:preset_builder", "paper").module.in_features == 8
+    with pytest.raises(UserError, match="needs argument.s. width: a model builder takes none"):
+        build("tests.orchestrator.test_models:needs_width")
+
+
+def test_a_user_model_takes_its_batch_from_the_run_or_its_spec():
+    pair = build("tests.orchestrator.user_models:mlp_pair")
+    assert pair.batch is None and pair.batch_size(24) == 24
+    with pytest.raises(UserError, match="names no batch size: pass --global-batch N"):
+        pair.batch_size(None, "--global-batch")
+    spec = build("tests.orchestrator.user_models:mlp", "tiny")
+    assert spec.batch_size(None) == 8 and spec.batch_size(4) == 4
+    with pytest.raises(UserError, match="--batch-size 0: must be >= 1"):
+        spec.batch_size(0)
+
+
+def test_drawing_a_user_batch_leaves_the_training_rng_alone():
+    spec = build("tests.orchestrator.test_models:user_model")
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    spec.make_batch(4, seed=2)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def named_gnmt():
+    return ModelSpec(name="gnmt", preset="tiny", module=nn.Linear(2, 1),
+                     make_batch=lambda n: (torch.randn(n, 2),), batch=2)
+
+
+def test_a_user_spec_must_not_take_a_built_in_name_nor_carry_odd_data():
+    with pytest.raises(UserError, match="the name of a built-in model: give it a name"):
+        build("tests.orchestrator.test_models:named_gnmt")
+    with pytest.raises(UserError, match="give a torch.utils.data.Dataset or a function"):
+        ModelSpec(name="mine", preset="tiny", module=nn.Linear(2, 1),
+                  make_batch=lambda n: (), batch=2, data=[1, 2])

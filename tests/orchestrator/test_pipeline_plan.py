@@ -28,4 +28,4 @@ def test_a_plan_not_made_by_the_milp_says_why():
 
 def test_the_plan_time_limit_must_be_positive():
     with pytest.raises(UserError, match="--plan-time-limit 0"):
-        parse_args("biglstm", ["--plan-time-limit", "0"])
+        parse_args(["--plan-time-limit", "0"], "biglstm")

@@ -12,9 +12,12 @@ from placement.scaling.efficiency import (
     CurveError,
     EpochCurve,
     NoiseScaleModel,
+    DEFAULT_DATASET_SIZE,
     critical_batch,
+    dataset_size_for,
     efficiency_for,
     examples_to_target,
+    known_efficiency,
     load_curve,
     steps_per_run,
     steps_to_target,
@@ -109,3 +112,21 @@ def test_sources_in_order_of_preference():
 def test_every_default_names_its_source():
     for name, d in MODEL_DEFAULTS.items():
         assert name in d.efficiency.source and d.dataset_size > 0
+
+
+def test_a_model_without_figures_has_no_known_efficiency_but_any_given_one_wins():
+    curve = EpochCurve(global_batch=(8, 64), epochs_at=(1, 2))
+    assert known_efficiency(None, None, None, "my_pkg.mod:build") is None
+    assert known_efficiency(curve, None, None, "my_pkg.mod:build") is curve
+    given = known_efficiency(None, 300.0, 2.0, "my_pkg.mod:build")
+    assert (given.b_noise, given.min_epochs) == (300.0, 2.0)
+    assert known_efficiency(None, None, None, "gnmt") is MODEL_DEFAULTS["gnmt"].efficiency
+
+
+def test_samples_per_epoch_come_from_the_user_the_model_its_data_or_the_default():
+    assert dataset_size_for(5e4, "gnmt", 64) == 5e4
+    assert dataset_size_for(None, "gnmt", 64) == MODEL_DEFAULTS["gnmt"].dataset_size
+    assert dataset_size_for(None, "my_pkg.mod:build", 64) == 64
+    assert dataset_size_for(None, "my_pkg.mod:build") == DEFAULT_DATASET_SIZE
+    with pytest.raises(UserError, match="--dataset-size 0: must be a positive number"):
+        dataset_size_for(0, "gnmt")

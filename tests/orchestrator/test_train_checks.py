@@ -1,0 +1,49 @@
+"""`orchestrator train`: bad input found before Ray starts, each one line and exit 2."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from orchestrator.cli import main
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.launch import plan_worker
+
+MLP = "tests.orchestrator.user_models:mlp"
+
+
+@pytest.fixture(scope="module")
+def mlp_plan(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plans") / "plan_mp2.json"
+    plan_worker(TrainConfig(model=MLP, mp_degree=2, num_micro_batches=2,
+                            global_batch=8)).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "no_such_pkg.mod:build"], "cannot load model builder 'no_such_pkg.mod:build'"),
+    (["--model", "tests.orchestrator.user_models:mlp_pair"],
+     "names no batch size: pass --global-batch N"),
+    (["--model", "tests.orchestrator.user_models:mlp_wrong_shape"],
+     "tensor 0 is torch.float32 [8, 4] but make_batch gives torch.float32 [8, 6]"),
+    (["--model", "gnmt", "--data", "/no/such/wmt16"], "--data /no/such/wmt16: no such file"),
+    (["--model", MLP, "--data", "."], "a model of your own reads no data layout"),
+    (["--model", MLP, "--plan", "/no/plan.json"], "--plan /no/plan.json: no such file"),
+    (["--model", MLP, "--plan", "{plan}", "--mp", "1", "--micro-batches", "2"],
+     "places the model on 2 device(s) but --mp is 1: use --mp 2"),
+    (["--model", MLP, "--plan", "{plan}", "--mp", "2"],
+     "schedules 2 micro-batch(es) but --micro-batches is 1"),
+    (["--model", "biglstm", "--plan", "{plan}", "--mp", "2", "--micro-batches", "2"],
+     "is a plan of graph 'mlp-tiny', not of 'biglstm-tiny'"),
+    (["--model", "tests.orchestrator.user_models:mlp_shallow", "--plan", "{plan}", "--mp",
+      "2", "--micro-batches", "2"], "op(s) but mlp-tiny traces to"),
+])
+def test_bad_input_is_one_line_and_status_2_before_ray_starts(argv, message, mlp_plan,
+                                                               capsys, tmp_path):
+    argv = [a.format(plan=mlp_plan) for a in argv]
+    code = main(["train", *argv, "--steps", "2", "--storage", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err
+    assert not ray.is_initialized()

@@ -1,0 +1,46 @@
+"""`orchestrator train --model MODULE:FUNCTION` on local Ray: a model of your own with
+its own data function trains as on one device, and a data error raised in a worker
+comes back as one line and exit 2. One Ray instance for the module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.launch import ray_cluster
+from tests.orchestrator.test_train_local import run_local
+
+pytestmark = pytest.mark.ray
+
+MODELS = "tests.orchestrator.user_models"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    with ray_cluster(None):
+        yield
+
+
+def test_a_user_model_with_a_data_function_trains_on_two_workers_as_on_one(
+        local_ray, tmp_path, capsys):
+    model = f"{MODELS}:mlp_stream"
+    code = main(["train", "--model", model, "--dp", "2", "--global-batch", "16", "--steps",
+                 "3", "--storage", str(tmp_path), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    single = run_local(TrainConfig(model=model, global_batch=16, steps=3), tmp_path)
+    assert result["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    assert len(result["workers"]) == 2
+
+
+def test_a_data_error_in_a_worker_is_one_line_and_status_2(local_ray, tmp_path, capsys):
+    code = main(["train", "--model", f"{MODELS}:mlp_short_stream", "--steps", "3",
+                 "--max-failures", "0", "--storage", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip() == ("orchestrator train: error: the model's data function ended "
+                           "before step 3: yield a batch for every step (cycle over the "
+                           "epochs)")
