@@ -1,6 +1,7 @@
 """The worker loop in Ray Train's local mode (in-process, no Ray): fast checks that the
 plan's execution and the micro-batching leave the training trajectory unchanged."""
 
+import dataclasses
 import time
 
 import numpy as np
@@ -11,7 +12,9 @@ from ray.train.torch import TorchTrainer
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.launch import micro_batch_size, plan_worker, profile_micro_batch
 from orchestrator.train.worker import train_loop_per_worker
+from placement.cluster import preset
 from placement.errors import UserError
+from placement.planner import PlanConfig, plan
 
 
 _PROFILES: dict = {}
@@ -77,3 +80,21 @@ def test_reports_at_checkpoints_and_once_the_interval_has_passed(monkeypatch, tm
               tmp_path)
     assert [step for step, _ in calls] == reported
     assert [step for step, with_checkpoint in calls if with_checkpoint] == [4, 6]
+
+
+def test_a_transformers_model_of_ones_own_trains_split_like_one_device(tmp_path):
+    """examples/gpt2.py (the README's model of your own: GPT-2 from a config, its own
+    loss, captured with torch.export since fx cannot trace it) through the worker, at
+    mp 2 on a plan that really splits it (max-load: a step-time plan of so small a
+    model keeps it on one device), against one device."""
+    pytest.importorskip("transformers")
+    single_cfg = TrainConfig(model="examples.gpt2:build", steps=3, global_batch=8)
+    split_cfg = dataclasses.replace(single_cfg, mp_degree=2, num_micro_batches=2)
+    split = plan(_profile(split_cfg), preset("cpu"),
+                 PlanConfig(num_devices=2, num_micro_batches=2, objective="max-load"))
+    assert set(split.assignment.values()) == {0, 1}
+    single = run_local(single_cfg, tmp_path)
+    hybrid = run_local(split_cfg, tmp_path, plan=split)
+    assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    for name, value in single["final_params"].items():
+        np.testing.assert_allclose(hybrid["final_params"][name], value, rtol=1e-5, atol=1e-6)
