@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         plan_worker,
         ray_cluster,
     )
+    from orchestrator.train.resources import plan_on_gpus
 
     if args.fake_cluster:
         parse_fake_cluster(args.fake_cluster)
@@ -74,15 +75,19 @@ def run(args: argparse.Namespace) -> int:
                       mixed_precision=args.mixed_precision,
                       clip_grad_norm=args.clip_grad_norm, data=args.data,
                       use_gpu=args.gpu or bool(args.fake_cluster))
+    # Fake GPUs are threads of this machine: plan them here, like CPU hosts.
+    on_real_gpus = args.gpu and not args.fake_cluster
     if args.plan and not Path(args.plan).is_file():
         raise UserError(f"--plan {args.plan}: no such file: give a plan JSON from "
                         "orchestrator plan --out, or leave --plan out")
     worker_plan = load_plan(args.plan) if args.plan else None
     check_run(cfg, spec, worker_plan, plan_file=args.plan or "the plan")
-    worker_plan = worker_plan or plan_worker(cfg, solver=args.solver,
-                                             time_limit_s=time_limit_s)
+    if worker_plan is None and not on_real_gpus:
+        worker_plan = plan_worker(cfg, solver=args.solver, time_limit_s=time_limit_s)
     storage = args.storage or tempfile.mkdtemp(prefix="orchestrator-train-")
     with ray_cluster(args.fake_cluster):
+        if worker_plan is None:
+            worker_plan = plan_on_gpus(cfg, solver=args.solver, time_limit_s=time_limit_s)
         result = fit(cfg, worker_plan, storage=storage,
                      name=f"train-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}",
                      max_failures=args.max_failures, fake_gpus=bool(args.fake_cluster))

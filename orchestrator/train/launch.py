@@ -20,7 +20,7 @@ from orchestrator.train.config import TrainConfig
 from orchestrator.train.sync import process_group_backend
 from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
-from placement.cluster import preset
+from placement.cluster import ClusterSpec, preset
 from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.plan import Plan
@@ -181,20 +181,23 @@ def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
 
 def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,
                 time_limit_s: float = PLAN_TIME_LIMIT_S,
-                micro: OpGraph | None = None) -> Plan:
-    """Place the worker's ops on its devices (CPU threads here, so measured CPU costs
-    are the right ones) by the planning policy within `time_limit_s`, from `micro`,
-    the graph `profile_micro_batch(cfg)` returns (profiled now when not given)."""
+                micro: OpGraph | None = None, cluster: ClusterSpec | None = None) -> Plan:
+    """Place the worker's ops on its devices by the planning policy within
+    `time_limit_s`, from `micro`, the graph of one micro-batch (profiled now on this
+    machine's CPU when not given), on `cluster`'s devices (default: this machine's
+    threads, the devices of CPU hosts and fake-GPU clusters, whose measured CPU costs
+    are then the right ones; a GPU run passes its GPUs' preset and a GPU profile:
+    orchestrator/train/resources.py plan_on_gpus)."""
     k = cfg.num_micro_batches
     if micro is None:
         micro = profile_micro_batch(cfg)
     # The planner splits each op's time over K micro-batch tasks; hand it K x the
     # micro-batch's times so that each task costs what was measured.
     graph = scale_graph(micro, compute_factor=k, data_factor=k)
-    # On CPU hosts and fake-GPU clusters every device is a thread of this machine.
-    cpu = preset("cpu")
-    cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
-                                                            cpu.devices_per_node))
+    if cluster is None:
+        cpu = preset("cpu")
+        cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
+                                                                cpu.devices_per_node))
     return policy.plan_worker(graph, cluster, num_devices=cfg.mp_degree,
                               num_micro_batches=k, time_limit_s=time_limit_s, solver=solver)
 

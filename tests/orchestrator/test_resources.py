@@ -11,9 +11,11 @@ import ray
 import yaml
 
 from orchestrator.runtime.devices import NoCudaError
+from orchestrator.train.config import TrainConfig
 from orchestrator.train.launch import NodeResources
 from orchestrator.train.resources import (NodeType, decide_devices, node_types,
-                                          plan_gpu_request, plan_worker_request, preset_for,
+                                          plan_gpu_request, plan_on_gpus,
+                                          plan_worker_request, preset_for,
                                           profile_on_gpu_worker, wait_for_gpus)
 from placement.errors import UserError
 from tests.conftest import REPO
@@ -136,3 +138,16 @@ def test_profiling_on_a_gpu_node_without_cuda_is_one_line_naming_it(head_only_cl
         profile_on_gpu_worker("vgg16", preset_name="tiny", batch=2, target="v100",
                               timeout_s=120)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.ray
+def test_a_gpu_training_run_is_planned_from_a_gpu_worker_not_the_driver(head_only_cluster):
+    """`orchestrator train --gpu` without --plan profiles its micro-batch on a GPU node
+    (here one whose torch has no CUDA, so it fails naming that node), not on the
+    driver's CPU with the cpu preset as it did."""
+    if not any(n["Resources"].get("GPU") for n in ray.nodes() if n["Alive"]):
+        head_only_cluster.add_node(num_cpus=2, num_gpus=2)
+    cfg = TrainConfig(model="vgg16", preset="tiny", mp_degree=2, global_batch=4,
+                      use_gpu=True)
+    with pytest.raises(NoCudaError, match=r"^node [\d.]+: the profile task holds a GPU"):
+        plan_on_gpus(cfg, solver="heuristic", time_limit_s=5.0)
