@@ -1,5 +1,7 @@
 """Small datasets written locally in the real layouts, so that runs without `--data`
-exercise the real loaders. Each has structure a model can learn (the loss falls)."""
+exercise the real loaders. Each has structure a model can learn, so a run that works
+shows its loss falling: text is a Zipfian first-order Markov chain of words, parallel
+text translates it word by word, and an image's class is its colour and stripes."""
 
 from __future__ import annotations
 
@@ -8,39 +10,49 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from orchestrator.data.images import ImageFolderDataset
-from orchestrator.data.text import (
-    LM1B_TRAIN_DIR,
-    LM1B_VOCAB,
-    WMT_PREFIX,
-    WMT_VOCAB,
-    LM1BDataset,
-    ParallelTextDataset,
-)
+from orchestrator.data.text import LM1B_TRAIN_DIR, LM1B_VOCAB, WMT_PREFIX, WMT_VOCAB
+
+VERSION = 2
+"""What the writers write; bump it when that changes, since datasets are cached by a
+name that holds it (orchestrator/train/batches.py) and an old one must not be reused."""
 
 _DONE = ".complete"
+#: Likely successors of each word, and how often a word is one of them.
+_NUM_SUCCESSORS = 2
+_P_SUCCESSOR = 0.9
 
 
 def _words(vocab_size: int) -> list[str]:
     return [f"w{i}" for i in range(vocab_size)]
 
 
+def _zipf(vocab_size: int) -> np.ndarray:
+    """Word i has frequency proportional to 1/(i+1): ids sorted by frequency, as in the
+    One Billion Word vocabulary and the log-uniform sampler BigLSTM draws from, so that
+    a model's first steps already gain by learning the word frequencies."""
+    p = 1.0 / np.arange(1, vocab_size + 1)
+    return p / p.sum()
+
+
 def _sentences(rng: np.random.Generator, num: int, vocab_size: int) -> list[list[int]]:
-    """A Markov chain in which each word has three likely successors."""
-    successors = rng.integers(0, vocab_size, size=(vocab_size, 3))
+    """A first-order Markov chain: each word is followed by one of its two likely
+    successors 90% of the time, else by a word drawn by frequency."""
+    zipf = _zipf(vocab_size)
+    successors = rng.choice(vocab_size, size=(vocab_size, _NUM_SUCCESSORS), p=zipf)
+    lengths = rng.integers(5, 21, size=num)
     out = []
-    for _ in range(num):
-        word = int(rng.integers(vocab_size))
-        sentence = [word]
-        for _ in range(int(rng.integers(4, 20))):
-            word = int(successors[word, rng.integers(3)] if rng.random() < 0.9
-                       else rng.integers(vocab_size))
-            sentence.append(word)
+    for length in lengths:
+        follow = rng.random(length) < _P_SUCCESSOR
+        pick = rng.integers(_NUM_SUCCESSORS, size=length)
+        fresh = rng.choice(vocab_size, size=length, p=zipf)
+        sentence = [int(fresh[0])]
+        for t in range(1, length):
+            sentence.append(int(successors[sentence[-1], pick[t]] if follow[t] else fresh[t]))
         out.append(sentence)
     return out
 
 
-def write_lm1b(root: str | Path, *, num_sentences: int = 4000, vocab_size: int = 500,
+def write_lm1b(root: str | Path, *, num_sentences: int = 4000, vocab_size: int = 100,
                num_files: int = 4, seed: int = 0) -> Path:
     """The One Billion Word layout: a vocabulary file and `news.en-*` shards."""
     root = Path(root)
@@ -59,10 +71,11 @@ def write_lm1b(root: str | Path, *, num_sentences: int = 4000, vocab_size: int =
     return root
 
 
-def write_wmt(root: str | Path, *, num_pairs: int = 4000, vocab_size: int = 500,
+def write_wmt(root: str | Path, *, num_pairs: int = 4000, vocab_size: int = 100,
               seed: int = 0) -> Path:
-    """Tokenised parallel text: the target is the source reversed through a fixed
-    word-to-word dictionary."""
+    """Tokenised parallel text: the source is the Markov chain, the target translates
+    it word by word through a fixed dictionary, in the same order (a monotone
+    alignment, which attention learns soonest)."""
     root = Path(root)
     if (root / _DONE).exists():
         return root
@@ -75,14 +88,15 @@ def write_wmt(root: str | Path, *, num_pairs: int = 4000, vocab_size: int = 500,
     (root / f"{WMT_PREFIX}.en").write_text(
         "\n".join(" ".join(words[w] for w in s) for s in sources) + "\n")
     (root / f"{WMT_PREFIX}.de").write_text(
-        "\n".join(" ".join(words[dictionary[w]] for w in reversed(s)) for s in sources) + "\n")
+        "\n".join(" ".join(words[dictionary[w]] for w in s) for s in sources) + "\n")
     (root / _DONE).touch()
     return root
 
 
 def write_images(root: str | Path, *, num_classes: int = 10, per_class: int = 40,
                  size: int = 48, seed: int = 0) -> Path:
-    """The ImageNet layout with JPEGs: each class a colour and a stripe direction."""
+    """The ImageNet layout with JPEGs: each class a colour and a stripe direction,
+    under pixel noise."""
     root = Path(root)
     if (root / _DONE).exists():
         return root
@@ -99,15 +113,3 @@ def write_images(root: str | Path, *, num_classes: int = 10, per_class: int = 40
                 folder / f"img{i:04d}.JPEG", quality=90)
     (root / _DONE).touch()
     return root
-
-
-def synthetic_lm1b(root: str | Path, seq_len: int) -> LM1BDataset:
-    return LM1BDataset(write_lm1b(root), seq_len)
-
-
-def synthetic_wmt(root: str | Path, src_len: int, tgt_len: int) -> ParallelTextDataset:
-    return ParallelTextDataset(write_wmt(root), src_len, tgt_len)
-
-
-def synthetic_images(root: str | Path, image_size: int) -> ImageFolderDataset:
-    return ImageFolderDataset(write_images(root), image_size)

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from orchestrator.data.common import DataError, GlobalBatchSampler
 from orchestrator.data.images import ImageFolderDataset
-from orchestrator.data.synthetic import write_images, write_lm1b, write_wmt
+from orchestrator.data.synthetic import VERSION, write_images, write_lm1b, write_wmt
 from orchestrator.data.text import LM1BDataset, ParallelTextDataset
 from orchestrator.models import ModelSpec
 from orchestrator.runtime.executor import batched_inputs
@@ -166,20 +166,22 @@ class BatchStream:
 
 def _lm1b(cfg, data: str | None):
     root = Path(data) if data else _synthetic(
-        f"lm1b-v{cfg.vocab_size}", lambda p: write_lm1b(p, vocab_size=min(500, cfg.vocab_size - 3)))
+        f"lm1b-s{VERSION}-v{cfg.vocab_size}",
+        lambda p: write_lm1b(p, vocab_size=min(100, cfg.vocab_size - 3)))
     return _check_vocab(LM1BDataset(root, seq_len=cfg.num_steps), root, cfg.vocab_size)
 
 
 def _wmt(cfg, data: str | None):
     root = Path(data) if data else _synthetic(
-        f"wmt-v{cfg.vocab_size}", lambda p: write_wmt(p, vocab_size=min(500, cfg.vocab_size - 4)))
+        f"wmt-s{VERSION}-v{cfg.vocab_size}",
+        lambda p: write_wmt(p, vocab_size=min(100, cfg.vocab_size - 4)))
     return _check_vocab(ParallelTextDataset(root, cfg.src_len, cfg.tgt_len), root,
                         cfg.vocab_size)
 
 
 def _images(cfg, data: str | None):
     root = Path(data) if data else _synthetic(
-        f"images-{cfg.image_size}-c{min(10, cfg.num_classes)}", lambda p: write_images(
+        f"images-s{VERSION}-{cfg.image_size}-c{min(10, cfg.num_classes)}", lambda p: write_images(
             p, num_classes=min(10, cfg.num_classes), per_class=16, size=cfg.image_size))
     dataset = ImageFolderDataset(root, cfg.image_size)
     if dataset.num_classes > cfg.num_classes:
