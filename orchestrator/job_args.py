@@ -1,6 +1,7 @@
-"""What `jobs/train.py` is asked to do: its flags (`JobArgs`), and what is checked of
+"""What `jobs/train.py` is asked to do: its flags (`JobArgs`; the path flags are checked,
+and --curve read, as they are parsed: orchestrator/cli/paths.py), and what is checked of
 them before Ray starts (`check_job`: the model builds and imports, its batch size, its
-data's first batch, --data, the curve file, the storage)."""
+data's first batch in --data, a sweep already in --storage)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class JobArgs:
     """Preset for the projection; None: dgx1-v100 with GPUs, the local cores without."""
     fake_cluster: str | None
     curve: EpochCurve | None
-    """CSV of global_batch,epochs measured to the target."""
+    """--curve as read: epochs to the target at each measured global batch."""
     noise_scale: float | None
     """Gradient noise scale B_noise in samples."""
     min_epochs: float | None
@@ -149,7 +150,7 @@ class JobInputs:
 
 def check_job(args: JobArgs) -> JobInputs:
     """Everything that can be checked before Ray starts: the model builds (and its
-    module imports), its batch size, its data's first batch, --data, the curve file."""
+    module imports), its batch size, its data's first batch (from --data)."""
     if (args.storage / EXPERIMENT).exists() and not args.resume:
         raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
                         "it, or choose another --storage")
