@@ -1,6 +1,7 @@
-"""What `jobs/train.py` is asked to do: its flags (`JobArgs`), and what is checked of
+"""What `jobs/train.py` is asked to do: its flags (`JobArgs`; the path flags are checked,
+and --curve read, as they are parsed: orchestrator/cli/paths.py), and what is checked of
 them before Ray starts (`check_job`: the model builds and imports, its batch size, its
-data's first batch, --data, the curve file, the storage)."""
+data's first batch in --data, a sweep already in --storage)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from orchestrator.cli import _Parser
+from orchestrator.cli.paths import input_dir, loaded_by, output_dir
 from orchestrator.sweep import EXPERIMENT
 from orchestrator.train.batches import check_data
 from orchestrator.train.checks import model_for_checks
 from placement.cluster import PRESET_NAMES
 from placement.errors import UserError
 from placement.scaling.efficiency import (
+    EpochCurve,
     StatisticalEfficiency,
     dataset_size_for,
     known_efficiency,
@@ -47,8 +50,8 @@ class JobArgs:
     cluster: str | None
     """Preset for the projection; None: dgx1-v100 with GPUs, the local cores without."""
     fake_cluster: str | None
-    curve: str | None
-    """CSV of global_batch,epochs measured to the target."""
+    curve: EpochCurve | None
+    """--curve as read: epochs to the target at each measured global batch."""
     noise_scale: float | None
     """Gradient noise scale B_noise in samples."""
     min_epochs: float | None
@@ -88,13 +91,14 @@ def parse_args(argv: Sequence[str] | None, model: str | None = None,
     p.add_argument("--batch-size", type=int, default=None, dest="batch_size",
                    help="global batch the sweep scales x1, x2, x4 (default: the preset's, "
                         "or the batch of the model's ModelSpec)")
-    p.add_argument("--data", help="dataset root in a built-in model's real layout "
-                                  "(default: a small synthetic dataset, nothing downloaded)")
+    p.add_argument("--data", type=input_dir,
+                   help="dataset root in a built-in model's real layout (default: a small "
+                        "synthetic dataset, nothing downloaded)")
     p.add_argument("--num-gpus", type=int, default=None, dest="num_gpus",
                    help="devices to use (default: what the cluster has)")
     p.add_argument("--max-trials", type=int, default=4, dest="max_trials")
     p.add_argument("--time-budget-s", type=float, default=None, dest="time_budget_s")
-    p.add_argument("--storage", default="results",
+    p.add_argument("--storage", default="results", type=output_dir,
                    help="where the sweep, checkpoints and report go")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sweep in --storage")
@@ -105,7 +109,8 @@ def parse_args(argv: Sequence[str] | None, model: str | None = None,
     p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
                    help="run on a local cluster of fake-GPU nodes (testing)")
     stats = p.add_mutually_exclusive_group()
-    stats.add_argument("--curve", help="CSV of global_batch,epochs measured to the target")
+    stats.add_argument("--curve", type=loaded_by(load_curve),
+                       help="CSV of global_batch,epochs measured to the target")
     stats.add_argument("--noise-scale", type=float, dest="noise_scale",
                        help="gradient noise scale B_noise in samples (default: the model's "
                             "figures, else measured in a calibration run)")
@@ -145,16 +150,15 @@ class JobInputs:
 
 def check_job(args: JobArgs) -> JobInputs:
     """Everything that can be checked before Ray starts: the model builds (and its
-    module imports), its batch size, its data's first batch, --data, the curve file."""
+    module imports), its batch size, its data's first batch (from --data)."""
     if (args.storage / EXPERIMENT).exists() and not args.resume:
         raise UserError(f"{args.storage} already holds a sweep: pass --resume to continue "
                         "it, or choose another --storage")
     spec = model_for_checks(args.model, args.preset)
     base_batch = spec.batch_size(args.batch_size)
     check_data(spec, data=args.data, global_batch=base_batch, dp_degree=1)
-    curve = load_curve(args.curve) if args.curve else None
     own_samples = len(spec.data) if isinstance(spec.data, Dataset) else None
     return JobInputs(base_batch=base_batch,
-                     efficiency=known_efficiency(curve, args.noise_scale, args.min_epochs,
+                     efficiency=known_efficiency(args.curve, args.noise_scale, args.min_epochs,
                                                  args.model),
                      dataset_size=dataset_size_for(args.dataset_size, args.model, own_samples))

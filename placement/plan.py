@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from placement.errors import UserError
+
 OBJECTIVES = ("makespan", "max-load")
 
 
@@ -110,4 +112,10 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
-    return plan_from_dict(json.loads(Path(path).read_text()))
+    """Read a plan file (`Plan.save`, `orchestrator plan --out`); one that is not JSON,
+    or JSON that is not a plan, is the user's error."""
+    try:
+        return plan_from_dict(json.loads(Path(path).read_text()))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise UserError(f"{path}: not a plan file ({err.__class__.__name__}: {err}): write "
+                        "it with 'orchestrator plan --out'") from None

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.paths import input_dir, loaded_by, output_dir
 from placement.cluster import ClusterSpec, preset
 from placement.errors import UserError
 from placement.graph import OpGraph
@@ -30,10 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="profile this model (e.g. biglstm, gnmt, inception_v3)")
-    source.add_argument("--graph", help="op graph JSON in seconds, profiled at one batch")
+    source.add_argument("--graph", type=loaded_by(load_graph),
+                        help="op graph JSON in seconds, profiled at one batch")
     p.add_argument("--preset", default="paper",
                    help="model size preset for --model (default: paper)")
-    p.add_argument("--plans", help="folder of plan_mp<M>.json files (others are computed)")
+    p.add_argument("--plans", type=input_dir,
+                   help="folder of plan_mp<M>.json files (others are computed)")
     p.add_argument("--solver", default=DEFAULT_SOLVER,
                    help=f"solver for the plans computed here (default {DEFAULT_SOLVER})")
     p.add_argument("--plan-time-limit", type=float, default=PLAN_TIME_LIMIT_S,
@@ -41,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    f"(default {PLAN_TIME_LIMIT_S:g})")
     p.add_argument("--cluster", required=True, help="cluster preset, e.g. dgx1-v100")
     stats = p.add_mutually_exclusive_group()
-    stats.add_argument("--curve", help="CSV of global_batch,epochs measured to the target")
+    stats.add_argument("--curve", type=loaded_by(load_curve),
+                       help="CSV of global_batch,epochs measured to the target")
     stats.add_argument("--noise-scale", type=float, dest="noise_scale",
                        help="gradient noise scale B_noise in samples")
     p.add_argument("--min-epochs", type=float, dest="min_epochs",
@@ -61,7 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", type=float, default=0.5,
                    help="share of the allreduce hidden under backward (default 0.5)")
     p.add_argument("--allreduce", choices=ALGORITHMS, default="best")
-    p.add_argument("--out", required=True, help="folder for crossover.json and crossover.png")
+    p.add_argument("--out", required=True, type=output_dir,
+                   help="folder for crossover.json and crossover.png")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(run=run)
 
@@ -92,11 +97,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_gpus < 1:
         raise UserError(f"--max-gpus {args.max_gpus}: must be at least 1 (e.g. --max-gpus 4096)")
     mp_degrees = _numbers(args.mp_degrees, "--mp-degrees", int)
-    curve = load_curve(args.curve) if args.curve else None
-    graph = (model_graph(args.model, cluster, args.preset) if args.model
-             else load_graph(args.graph))
+    graph = model_graph(args.model, cluster, args.preset) if args.model else args.graph
     model = args.model or graph.metadata.get("model")
-    efficiency = efficiency_for(curve, args.noise_scale, args.min_epochs, model)
+    efficiency = efficiency_for(args.curve, args.noise_scale, args.min_epochs, model)
     dataset_size = dataset_size_for(args.dataset_size, model)
     b0 = args.profiled_batch or graph.metadata.get("batch")
     if b0 is None:

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 
+from orchestrator.cli.paths import loaded_by, output_file
 from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
 from placement.graph import OpGraph
@@ -26,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--model", help="model to profile (preset paper) on the cluster's "
                                      f"device kind; {', '.join(MODELS)} are also "
                                      "available analytically, see --analytic")
-    src.add_argument("--graph", help="op graph JSON with layer facts (orchestrator profile)")
+    src.add_argument("--graph", type=loaded_by(load_graph),
+                     help="op graph JSON with layer facts (orchestrator profile)")
     p.add_argument("--devices", type=int, required=True, help="number of devices (N)")
     p.add_argument("--cluster", choices=PRESET_NAMES, default="dgx1-v100",
                    help="cluster preset; nodes are added until N devices fit "
@@ -39,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task-overhead-us", type=float, default=None, dest="task_overhead_us",
                    help="per-task time that splitting does not shrink, microseconds "
                         f"(default: {CostConfig(num_devices=1).task_overhead_s * 1e6:g})")
-    p.add_argument("--out", help="write the layer-wise plan as JSON to this file")
+    p.add_argument("--out", type=output_file,
+                   help="write the layer-wise plan as JSON to this file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -80,7 +83,7 @@ def load_model(name: str, cluster: ClusterSpec, batch_size: int | None,
 def run(args: argparse.Namespace) -> int:
     cluster = cluster_for(args.cluster, args.devices)
     if args.graph:
-        graph, source = load_graph(args.graph), f"graph file {args.graph}"
+        graph, source = args.graph, f"graph file {args.graph.name}"
     else:
         graph, source = load_model(args.model, cluster, args.batch_size, args.devices,
                                    args.analytic)

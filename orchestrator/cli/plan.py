@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from orchestrator.cli.paths import loaded_by, output_file
 from placement.cluster import PRESET_NAMES, preset
 from placement.errors import UserError
 from placement.graph import ANY_KIND, OpGraph
@@ -21,7 +22,8 @@ _PRESET_FOR_KIND = {ANY_KIND: "dgx1-v100", "v100": "dgx1-v100", "a100": "dgx-a10
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="place a graph's ops onto one worker's devices",
                        description=__doc__)
-    p.add_argument("--graph", required=True, help="op graph JSON (ours or the peer format)")
+    p.add_argument("--graph", required=True, type=loaded_by(load_graph),
+                   help="op graph JSON (ours or the peer format)")
     p.add_argument("--devices", type=int, required=True, help="devices of the worker (M)")
     p.add_argument("--objective", choices=OBJECTIVES, default="makespan")
     p.add_argument("--micro-batches", type=int, default=1, dest="micro_batches")
@@ -34,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="solver wall-clock limit in seconds")
     p.add_argument("--gap", type=float, default=0.01, help="relative gap to stop at")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", help="write the plan as JSON to this file")
-    p.add_argument("--gantt", help="write a Gantt chart PNG of the plan to this file")
+    p.add_argument("--out", type=output_file, help="write the plan as JSON to this file")
+    p.add_argument("--gantt", type=output_file,
+                   help="write a Gantt chart PNG of the plan to this file")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.set_defaults(run=run)
 
@@ -51,7 +54,7 @@ def default_preset(graph: OpGraph) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    graph = load_graph(args.graph)
+    graph = args.graph
     cluster = preset(args.cluster or default_preset(graph))
     if args.time_limit <= 0:
         raise UserError(f"--time-limit {args.time_limit}: must be > 0 seconds")

@@ -6,6 +6,7 @@ import argparse
 
 from orchestrator.profile.api import DEVICES, TARGETS, profile_model, single_device_step_s
 from orchestrator.profile.capture import GRANULARITIES
+from orchestrator.cli.paths import output_file
 from placement.cluster import PRECISIONS
 from placement.graph import OpGraph
 from placement.io import save_graph
@@ -41,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "the model calls it, captured with torch.export, no fusion; core-aten: "
                    "one operator of PyTorch's Core ATen set; default: module)")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per op (median)")
-    p.add_argument("--out", required=True, help="write the op graph JSON here")
+    p.add_argument("--out", required=True, type=output_file, help="write the op graph JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 

@@ -6,8 +6,8 @@ import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
 
+from orchestrator.cli.paths import input_dir, loaded_by, output_dir
 from orchestrator.train.config import TrainConfig
 from placement.errors import UserError
 from placement.plan import load_plan
@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, default=None, dest="global_batch",
                    help="samples per step over all workers (default: the preset's, or "
                         "the batch of the model's ModelSpec)")
-    p.add_argument("--plan", help="plan JSON from `orchestrator plan` (default: profile "
-                                  "and plan now)")
+    p.add_argument("--plan", type=loaded_by(load_plan),
+                   help="plan JSON from `orchestrator plan` (default: profile and plan now)")
     p.add_argument("--solver", default=DEFAULT_SOLVER,
                    help=f"solver for the plan made without --plan (default {DEFAULT_SOLVER})")
     p.add_argument("--plan-time-limit", type=float, default=None, dest="plan_time_limit",
@@ -39,13 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=5, dest="checkpoint_every")
     p.add_argument("--mixed-precision", action="store_true", dest="mixed_precision")
     p.add_argument("--clip-grad-norm", type=float, default=None, dest="clip_grad_norm")
-    p.add_argument("--data", help="dataset root in a built-in model's layout (default: "
-                                  "synthetic; a model of your own brings its data)")
+    p.add_argument("--data", type=input_dir,
+                   help="dataset root in a built-in model's layout (default: synthetic; a "
+                        "model of your own brings its data)")
     p.add_argument("--max-failures", type=int, default=1, dest="max_failures")
     p.add_argument("--gpu", action="store_true", help="workers take GPUs (NCCL)")
     p.add_argument("--fake-cluster", dest="fake_cluster", metavar="NODESxGPUS",
                    help="start a local cluster of fake-GPU nodes, e.g. 2x2")
-    p.add_argument("--storage", default=None, help="where checkpoints and results go")
+    p.add_argument("--storage", default=None, type=output_dir,
+                   help="where checkpoints and results go")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -77,11 +79,8 @@ def run(args: argparse.Namespace) -> int:
                       use_gpu=args.gpu or bool(args.fake_cluster))
     # Fake GPUs are threads of this machine: plan them here, like CPU hosts.
     on_real_gpus = args.gpu and not args.fake_cluster
-    if args.plan and not Path(args.plan).is_file():
-        raise UserError(f"--plan {args.plan}: no such file: give a plan JSON from "
-                        "orchestrator plan --out, or leave --plan out")
-    worker_plan = load_plan(args.plan) if args.plan else None
-    check_run(cfg, spec, worker_plan, plan_file=args.plan or "the plan")
+    worker_plan = args.plan
+    check_run(cfg, spec, worker_plan, plan_file="--plan" if worker_plan else "the plan")
     if worker_plan is None and not on_real_gpus:
         worker_plan = plan_worker(cfg, solver=args.solver, time_limit_s=time_limit_s)
     storage = args.storage or tempfile.mkdtemp(prefix="orchestrator-train-")

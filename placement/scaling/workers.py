@@ -55,11 +55,7 @@ def worker_plans(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[int]
 
 
 def _read_plan(path: Path, mp_degree: int) -> Plan:
-    try:
-        p = load_plan(path)
-    except (ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{path}: not a plan file ({err.__class__.__name__}: {err}): write "
-                        "it with 'orchestrator plan --out'") from None
+    p = load_plan(path)
     if p.num_devices != mp_degree:
         raise UserError(f"{path}: the plan uses {p.num_devices} devices, its name says "
                         f"{mp_degree}: rename it plan_mp{p.num_devices}.json")

@@ -32,7 +32,10 @@ def graph_file(tmp_path):
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # a flag refused while argparse parses it
+        code = exit_.code
     out, err = capsys.readouterr()
     return code, out, err
 

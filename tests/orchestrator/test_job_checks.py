@@ -22,11 +22,11 @@ MODELS = "tests.orchestrator.user_models"
     (None, ["--model", "no_such_pkg.mod:build"], "cannot load model builder"),
     (None, ["--model", f"{MODELS}:mlp_wrong_shape"], "tensor 0 is torch.float32 [8, 4]"),
     (None, ["--model", f"{MODELS}:mlp", "--curve", "/no/curve.csv"],
-     "/no/curve.csv: cannot read the curve file"),
+     "argument --curve: /no/curve.csv: no such file"),
     (None, ["--model", f"{MODELS}:mlp", "--noise-scale", "-3"], "noise scale -3.0: must be"),
     (None, ["--model", f"{MODELS}:mlp", "--calibration-steps", "0"],
      "--calibration-steps 0: must be >= 1"),
-    (None, ["--model", "gnmt", "--data", "/no/such/wmt16"], "--data /no/such/wmt16: no such"),
+    (None, ["--model", "gnmt", "--data", "/no/such/wmt16"], "argument --data: /no/such/wmt16: no such directory"),
     (None, ["--model", f"{MODELS}:mlp", "--batch-size", "0"], "--batch-size 0: must be >= 1"),
     ("biglstm", ["--model", "gnmt"], "unrecognized arguments: --model gnmt"),
 ])
