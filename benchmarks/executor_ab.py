@@ -22,6 +22,8 @@ import sys
 
 MODELS = ("biglstm", "inception_v3")
 
+# Runs inside either checkout, so it imports only what the base checkout has: its split
+# (`contiguous`) is a copy of scripts/gpu_check.py's, which an older tree lacks.
 ONE_CHECKOUT = """
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
