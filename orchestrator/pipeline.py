@@ -22,6 +22,7 @@ from orchestrator.job_args import (
     check_job,
     parse_args,
 )
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.sweep import (
     METRIC,
     Candidate,
@@ -34,7 +35,6 @@ from orchestrator.sweep import (
     run_sweep,
     train_config,
 )
-from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.cluster import ray_cluster
 from orchestrator.train.resources import (JobDevices, decide_devices, load_node_types,
                                           profile_on_gpu_worker)
