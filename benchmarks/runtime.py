@@ -25,7 +25,9 @@ import torch
 from orchestrator.profile import partition
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import plan_worker, profile_micro_batch, ray_cluster
+from orchestrator.train.cluster import ray_cluster
+from orchestrator.train.job import WorkerJob
+from orchestrator.train.planning import plan_worker, profile_micro_batch
 
 
 def step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int) -> float:
@@ -119,7 +121,7 @@ def side_by_side_loop(config: dict) -> dict:
     from orchestrator.models import build
     from orchestrator.train.worker import HybridWorker
 
-    ours = HybridWorker(config)
+    ours = HybridWorker(WorkerJob.from_dict(config))
     spec = build(ours.cfg.model, ours.cfg.preset, seed=ours.cfg.seed)
     model = ray.train.torch.prepare_model(spec.module)
     optimizer = torch.optim.SGD(model.parameters(), lr=ours.cfg.lr, momentum=0.9)
@@ -145,7 +147,7 @@ def ddp_overhead(model: str, batch_size: int, steps: int, warmup: int = 5) -> di
                       steps=warmup + steps, checkpoint_every=10**9)
     times = TorchTrainer(
         side_by_side_loop,
-        train_loop_config={"train": cfg.to_dict(), "plan": plan_worker(cfg).to_dict()},
+        train_loop_config=WorkerJob(train=cfg, plan=plan_worker(cfg)).to_dict(),
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(name=f"side-by-side-{model}",

@@ -11,6 +11,9 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ray import tune
 
 from orchestrator.job_args import (
     DEFAULT_PLAN_TIME_LIMIT_S,
@@ -19,9 +22,11 @@ from orchestrator.job_args import (
     check_job,
     parse_args,
 )
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.sweep import (
     METRIC,
     Candidate,
+    SweepJob,
     best_result,
     driver_resources,
     feasible,
@@ -30,14 +35,18 @@ from orchestrator.sweep import (
     run_sweep,
     train_config,
 )
-from orchestrator.train.launch import fit, ray_cluster
-from orchestrator.train.resources import decide_devices, load_node_types, profile_on_gpu_worker
+from orchestrator.train.cluster import ray_cluster
+from orchestrator.train.resources import (JobDevices, decide_devices, load_node_types,
+                                          profile_on_gpu_worker)
+from orchestrator.train.trainer import fit
 from placement.cluster import ClusterSpec
 from placement.errors import UserError
+from placement.graph import OpGraph
 from placement.io import save_graph
 from placement.plan import Plan
 from placement.policy import plan_mp_degrees
-from placement.scaling.crossover import HybridConfig, ScalingParams, crossover, project
+from placement.scaling.crossover import (CrossoverResult, HybridConfig, ScalingParams,
+                                         crossover, project)
 from placement.scaling.efficiency import NoiseScaleModel, StatisticalEfficiency
 from placement.scaling.step import BatchRule, worker_step
 from placement.scaling.workers import default_batches, worker_steps
@@ -115,18 +124,53 @@ def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_bat
     return sorted(out, key=lambda c: c.predicted_time_s)
 
 
-def run_job(args: JobArgs, inputs: JobInputs) -> dict:
-    from orchestrator.profile import profile_model
-    from orchestrator.report.html import write_report
+@dataclass(frozen=True, kw_only=True)
+class SweepOutcome:
+    grid: tune.ResultGrid
+    winner: Candidate
+    projected_time_s: float
+    """The winner's projected time to accuracy, as its trial reported it."""
+    pruned: list[str]
+    """Why each candidate the cluster cannot hold was left out."""
 
+
+def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     args.storage.mkdir(parents=True, exist_ok=True)
     # On an autoscaling cluster the GPU nodes exist once asked for (train/resources.py).
-    devices = decide_devices(args.num_gpus, fake_gpus=args.fake_cluster is not None,
+    devices = decide_devices(args.num_gpus, fake_cluster=args.fake_cluster is not None,
                              cluster_name=args.cluster, types=load_node_types(),
                              say=lambda text: status("0/6 devices", text))
-    nodes, use_gpu, fake_gpus = devices.nodes, devices.use_gpu, devices.fake_gpus
-    num_gpus, cluster, measured_here = devices.num_gpus, devices.cluster, devices.measured_here
-    base_batch = inputs.base_batch
+    graph = profile_stage(args, inputs.base_batch, devices)
+    plans = plan_stage(args, graph, devices)
+    efficiency = inputs.efficiency or calibrate(args, inputs.base_batch, devices.kind)
+    result = crossover_stage(args, inputs, graph, plans, devices, efficiency)
+    sweep = sweep_stage(args, inputs, graph, plans, devices, efficiency)
+    final = train_stage(args, sweep.winner, plans, devices)
+    summary = {
+        "model": args.model, "preset": args.preset, "cluster": devices.cluster.name,
+        "num_gpus": devices.num_gpus, "base_batch": inputs.base_batch,
+        "statistical_efficiency": efficiency.source, "dataset_size": inputs.dataset_size,
+        "winner": dataclasses.asdict(sweep.winner),
+        "winner_projected_time_s": sweep.projected_time_s,
+        "crossover_num_gpus": result.crossover_num_gpus,
+        "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
+                  "workers": final["workers"]},
+        "pruned": sweep.pruned,
+        "hybrid": dataclasses.asdict(HybridConfig(
+            dp_degree=sweep.winner.dp_degree, mp_degree=sweep.winner.mp_degree,
+            global_batch=sweep.winner.global_batch,
+            num_micro_batches=sweep.winner.num_micro_batches)),
+    }
+    report_stage(args, sweep.grid, plans, result, summary)
+    return summary
+
+
+def profile_stage(args: JobArgs, base_batch: int, devices: JobDevices) -> OpGraph:
+    """The model's graph at the preset's batch, costed for the job's devices: measured
+    here where they are CPU threads, else on one of the cluster's GPUs."""
+    from orchestrator.profile import profile_model
+
+    cluster, measured_here = devices.cluster, devices.kind.measured_here
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
                           f"costs for {cluster.device.name}"
                           + ("" if measured_here else ", timed on a GPU worker"))
@@ -135,8 +179,13 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
              profile_on_gpu_worker(args.model, preset_name=args.preset, batch=base_batch,
                                    target=cluster.device.name))
     save_graph(graph, args.storage / "graph.json")
+    return graph
 
-    mps = mp_candidates(cluster.devices_per_node, num_gpus)
+
+def plan_stage(args: JobArgs, graph: OpGraph, devices: JobDevices) -> dict[int, Plan]:
+    """A plan for every mp_degree that fits on a node, saved under plans/."""
+    cluster = devices.cluster
+    mps = mp_candidates(cluster.devices_per_node, devices.num_gpus)
     status("2/6 plan", f"mp_degree {mps} on {cluster.name}, within "
                        f"{args.plan_time_limit_s:g} s")
     plans = plan_candidates(graph, cluster, mps, args.plan_time_limit_s)
@@ -145,71 +194,81 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     for m, p in plans.items():
         p.save(plans_dir / f"plan_mp{m}.json")
         status("2/6 plan", plan_status(m, p))
+    return plans
 
-    efficiency = inputs.efficiency or calibrate(args, base_batch, use_gpu)
+
+def crossover_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph,
+                    plans: dict[int, Plan], devices: JobDevices,
+                    efficiency: StatisticalEfficiency) -> CrossoverResult:
+    """DP-only vs hybrid time to accuracy from 1 to 4096 devices, saved as
+    crossover.json."""
     status("3/6 cross-over", f"DP vs hybrid time to accuracy, 1 to 4096 devices; "
                              f"{efficiency.source}, {inputs.dataset_size:,.0f} samples an epoch")
-    rule = BatchRule(profiled_batch=float(base_batch))
-    result = crossover(worker_steps(graph, plans, cluster, default_batches(base_batch), rule),
-                       cluster, efficiency, inputs.dataset_size, 4096)
+    rule = BatchRule(profiled_batch=float(inputs.base_batch))
+    result = crossover(worker_steps(graph, plans, devices.cluster,
+                                    default_batches(inputs.base_batch), rule),
+                       devices.cluster, efficiency, inputs.dataset_size, 4096)
     (args.storage / "crossover.json").write_text(json.dumps(result.to_dict(), indent=1))
+    return result
 
-    candidates = candidates_for(graph, plans, cluster, base_batch, num_gpus, efficiency,
-                                inputs.dataset_size)
+
+def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
+                devices: JobDevices, efficiency: StatisticalEfficiency) -> SweepOutcome:
+    """The Tune sweep of the candidates the cluster holds, and its best trial."""
+    nodes, kind = devices.nodes, devices.kind
+    candidates = candidates_for(graph, plans, devices.cluster, inputs.base_batch,
+                                devices.num_gpus, efficiency, inputs.dataset_size)
     kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
-                            use_gpu=use_gpu)
+                            device_kind=kind)
     for reason in pruned:
         status("4/6 sweep", f"pruned {reason}")
     if not kept:
         raise UserError("no configuration of the sweep fits this cluster: " + "; ".join(pruned))
     chosen = kept[:args.max_trials]
-    concurrent = max_concurrent_trials(chosen, nodes, use_gpu)
-    driver = driver_resources(nodes, 0 if use_gpu else max(
+    concurrent = max_concurrent_trials(chosen, nodes, kind)
+    driver = driver_resources(nodes, 0 if kind.ray_gpus else max(
         c.dp_degree * c.mp_degree for c in chosen))
     status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
                         f"{concurrent} at a time: {[c.key() for c in chosen]}")
-    grid = run_sweep(chosen, plans, model=args.model, preset=args.preset,
-                     steps=args.trial_steps, storage=args.storage, use_gpu=use_gpu,
-                     fake_gpus=fake_gpus, data=args.data, efficiency=efficiency,
-                     dataset_size=inputs.dataset_size,
-                     max_concurrent=concurrent, time_budget_s=args.time_budget_s,
-                     resume=args.resume, driver=driver)
+    job = SweepJob(model=args.model, preset=args.preset, steps=args.trial_steps,
+                   data=args.data, device_kind=kind, plans=plans, efficiency=efficiency,
+                   dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()))
+    grid = run_sweep(chosen, job, max_concurrent=concurrent,
+                     time_budget_s=args.time_budget_s, resume=args.resume, driver=driver)
     best = best_result(list(grid), grid.experiment_path)
     winner = Candidate(**best.config["candidate"])
     status("4/6 sweep", f"best {winner.key()}: projected {best.metrics[METRIC]:.4g} s to "
                         f"target")
+    return SweepOutcome(grid=grid, winner=winner, projected_time_s=best.metrics[METRIC],
+                        pruned=pruned)
 
+
+def train_stage(args: JobArgs, winner: Candidate, plans: dict[int, Plan],
+                devices: JobDevices) -> dict:
+    """The winner trained for --final-steps, checkpointed halfway and at the end."""
     status("5/6 train", f"{winner.key()} (dp {winner.dp_degree} x mp {winner.mp_degree}) "
                         f"for {args.final_steps} steps")
     final_cfg = dataclasses.replace(
         train_config(winner, model=args.model, preset=args.preset, steps=args.final_steps,
-                     use_gpu=use_gpu, data=args.data),
+                     device_kind=devices.kind, data=args.data),
         checkpoint_every=max(1, args.final_steps // 2))
-    final = fit(final_cfg, plans[winner.mp_degree], storage=args.storage, name="final",
-                max_failures=1, fake_gpus=fake_gpus)
-    summary = {
-        "model": args.model, "preset": args.preset, "cluster": cluster.name,
-        "num_gpus": num_gpus, "base_batch": base_batch,
-        "statistical_efficiency": efficiency.source, "dataset_size": inputs.dataset_size,
-        "winner": dataclasses.asdict(winner),
-        "winner_projected_time_s": best.metrics[METRIC],
-        "crossover_num_gpus": result.crossover_num_gpus,
-        "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
-                  "workers": final["workers"]},
-        "pruned": pruned,
-        "hybrid": dataclasses.asdict(HybridConfig(
-            dp_degree=winner.dp_degree, mp_degree=winner.mp_degree,
-            global_batch=winner.global_batch, num_micro_batches=winner.num_micro_batches)),
-    }
+    return fit(final_cfg, plans[winner.mp_degree], storage=args.storage, name="final",
+               max_failures=1)
+
+
+def report_stage(args: JobArgs, grid: tune.ResultGrid, plans: dict[int, Plan],
+                 result: CrossoverResult, summary: dict) -> None:
+    """winner.json and the HTML report of plots."""
+    from orchestrator.report.html import write_report
+
     (args.storage / "winner.json").write_text(json.dumps(summary, indent=1) + "\n")
     status("6/6 report", "writing plots and the HTML page")
     page = write_report(args.storage, grid=grid, plans=plans, crossover=result,
-                        summary=summary, candidates=chosen)
+                        summary=summary)
     status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
-    return summary
 
 
-def calibrate(args: JobArgs, base_batch: int, use_gpu: bool) -> NoiseScaleModel:
+def calibrate(args: JobArgs, base_batch: int, kind: DeviceKind) -> NoiseScaleModel:
     """The efficiency of a model without figures of its own: McCandlish's model with the
     gradient noise scale measured in a short training run on one device."""
     from orchestrator.train.calibrate import noise_scale_on_cluster
@@ -219,7 +278,7 @@ def calibrate(args: JobArgs, base_batch: int, use_gpu: bool) -> NoiseScaleModel:
                              f"of batch {base_batch}")
     b_noise = noise_scale_on_cluster(args.model, args.preset, global_batch=base_batch,
                                      steps=args.calibration_steps, lr=BASE_LR, data=args.data,
-                                     use_gpu=use_gpu)
+                                     kind=kind)
     return NoiseScaleModel(b_noise=b_noise, min_epochs=args.min_epochs or 1.0,
                            source=f"noise scale B_noise={b_noise:.4g} (measured in "
                                   f"{args.calibration_steps} calibration steps of batch "

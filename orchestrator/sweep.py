@@ -10,27 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ray import tune
-from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
+from orchestrator.runtime.device_kind import DeviceKind
+from orchestrator.train.capacity import NodeResources, check_fits
+from orchestrator.train.cluster import DRIVER_RESOURCE, DRIVER_RESOURCE_AMOUNT
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.sync import process_group_backend
 from orchestrator.train.errors import user_error_in
-from orchestrator.train.launch import (
-    DRIVER_RESOURCE,
-    DRIVER_RESOURCE_AMOUNT,
-    NodeResources,
-    check_fits,
-    worker_resources,
-)
-from orchestrator.train.worker import train_loop_per_worker
+from orchestrator.train.job import Projection, WorkerJob
+from orchestrator.train.trainer import torch_trainer
 from placement.errors import UserError
 from placement.plan import Plan
 from placement.scaling.efficiency import StatisticalEfficiency
@@ -75,13 +69,14 @@ def linear_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
 
 
 def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
-             model: str, preset: str, use_gpu: bool) -> tuple[list[Candidate], list[str]]:
+             model: str, preset: str,
+             device_kind: DeviceKind) -> tuple[list[Candidate], list[str]]:
     """The candidates the cluster can hold, and a reason for each one it cannot."""
     kept, pruned = [], []
     for c in candidates:
         try:
             check_fits(train_config(c, model=model, preset=preset, steps=1,
-                                     use_gpu=use_gpu, data=None), list(nodes))
+                                    device_kind=device_kind, data=None), list(nodes))
         except UserError as err:
             pruned.append(f"{c.key()}: {err}")
         else:
@@ -89,66 +84,57 @@ def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
     return kept, pruned
 
 
-def train_config(c: Candidate, *, model: str, preset: str, steps: int, use_gpu: bool,
-                 data: str | None) -> TrainConfig:
+def train_config(c: Candidate, *, model: str, preset: str, steps: int,
+                 device_kind: DeviceKind, data: str | None) -> TrainConfig:
     """The training run of a candidate (a trial's, or the final one's)."""
     return TrainConfig(model=model, preset=preset, dp_degree=c.dp_degree,
                        mp_degree=c.mp_degree, global_batch=c.global_batch,
                        num_micro_batches=c.num_micro_batches, steps=steps, lr=c.lr,
-                       checkpoint_every=steps, data=data, use_gpu=use_gpu)
+                       checkpoint_every=steps, data=data, device_kind=device_kind)
 
 
-def trial_projection(efficiency: StatisticalEfficiency, dataset_size: float,
-                     global_batch: int) -> dict:
-    """What a trial's workers project its time to accuracy from. They take McCandlish's
-    (E_min, B_noise); at the trial's one global batch B, E_min = the epochs the job's
-    efficiency (a curve, a noise scale or a model's defaults) needs at B, with
-    B_noise = inf, gives exactly those epochs."""
-    return {"dataset_size": dataset_size, "min_epochs": efficiency.epochs(global_batch),
-            "b_noise": math.inf}
+@dataclass(frozen=True, kw_only=True)
+class SweepJob:
+    """The inputs every trial of a sweep shares (only the candidate differs)."""
+
+    model: str
+    preset: str
+    steps: int
+    """Optimizer steps of each trial."""
+    data: str | None
+    device_kind: DeviceKind
+    plans: Mapping[int, Plan]
+    """The worker's plan for each mp_degree."""
+    efficiency: StatisticalEfficiency
+    dataset_size: float
+    """Samples an epoch."""
+    storage: str
+    """The job's storage, an absolute path: the sweep goes to its EXPERIMENT folder, the
+    trials' TorchTrainer runs to its `trials` folder."""
+
+    def worker_job(self, c: Candidate) -> WorkerJob:
+        """A trial's training run: the candidate's, projecting its time to accuracy."""
+        cfg = train_config(c, model=self.model, preset=self.preset, steps=self.steps,
+                           device_kind=self.device_kind, data=self.data)
+        return WorkerJob(train=cfg, plan=self.plans[c.mp_degree],
+                         projection=Projection.at_batch(self.efficiency, self.dataset_size,
+                                                        c.global_batch))
 
 
-def _trial(config: dict, *, job: dict) -> None:
+def _trial(config: dict, *, job: SweepJob) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
-    c = Candidate(**config["candidate"])
-    cfg = dataclasses.replace(
-        train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
-                     use_gpu=job["use_gpu"], data=job["data"]), fake_gpus=job["fake_gpus"])
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"train": cfg.to_dict(), "plan": job["plans"][str(c.mp_degree)],
-                           "projection": trial_projection(job["efficiency"],
-                                                          job["dataset_size"],
-                                                          c.global_batch)},
-        scaling_config=ScalingConfig(num_workers=c.dp_degree, use_gpu=cfg.use_gpu,
-                                     resources_per_worker=worker_resources(cfg)),
-        torch_config=TorchConfig(backend=job["backend"]),
-        run_config=RunConfig(name=f"train-{tune.get_context().get_trial_id()}",
-                             storage_path=job["storage"],
-                             checkpoint_config=CheckpointConfig(num_to_keep=1),
-                             callbacks=[TuneReportCallback()]),
-    )
+    trainer = torch_trainer(job.worker_job(Candidate(**config["candidate"])),
+                            name=f"train-{tune.get_context().get_trial_id()}",
+                            storage_path=str(Path(job.storage) / "trials"), num_to_keep=1,
+                            callbacks=[TuneReportCallback()])
     trainer.fit()
 
 
-def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model: str,
-              preset: str, steps: int, storage: str | Path, use_gpu: bool, fake_gpus: bool,
-              data: str | None, efficiency: StatisticalEfficiency, dataset_size: float,
-              max_concurrent: int, time_budget_s: float | None, resume: bool,
-              driver: dict) -> tune.ResultGrid:
+def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_concurrent: int,
+              time_budget_s: float | None, resume: bool, driver: dict) -> tune.ResultGrid:
     """Run (or, with `resume`, continue) the sweep; finished trials are never re-run.
-    Trials rank by time to accuracy from `efficiency` over `dataset_size` samples an
-    epoch."""
-    storage = str(Path(storage).resolve())
-    path = Path(storage) / EXPERIMENT
-    job = {
-        "model": model, "preset": preset, "steps": steps, "use_gpu": use_gpu, "data": data,
-        "plans": {str(m): p.to_dict() for m, p in plans.items()},
-        "efficiency": efficiency, "dataset_size": dataset_size,
-        "storage": str(Path(storage) / "trials"),
-        "fake_gpus": fake_gpus,
-        "backend": process_group_backend(use_gpu=use_gpu, fake_gpus=fake_gpus),
-    }
+    Trials rank by the time to accuracy their workers project."""
+    path = Path(job.storage) / EXPERIMENT
     # The job's fixed inputs travel by reference, so only the candidate is a trial's
     # configuration (what the dashboard and the console table show).
     trainable = tune.with_resources(tune.with_parameters(_trial, job=job), driver)
@@ -163,9 +149,9 @@ def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model:
             # (its TorchTrainer returns and releases its workers) instead of being
             # stopped by ASHA at its last report.
             scheduler=ASHAScheduler(metric=METRIC, mode="min", time_attr="step",
-                                    max_t=steps + 1, grace_period=max(1, steps // 2)),
+                                    max_t=job.steps + 1, grace_period=max(1, job.steps // 2)),
             max_concurrent_trials=max_concurrent, time_budget_s=time_budget_s),
-        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage, verbose=1),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=job.storage, verbose=1),
     )
     return tuner.fit()
 
@@ -187,9 +173,9 @@ def best_result(results: Sequence[tune.Result], where: str | Path) -> tune.Resul
 
 
 def max_concurrent_trials(candidates: Sequence[Candidate], nodes: Sequence[NodeResources],
-                          use_gpu: bool) -> int:
+                          device_kind: DeviceKind) -> int:
     """Trials that fit side by side: the cluster's devices over the largest trial's."""
-    total = sum((n.gpus if use_gpu else n.cpus) for n in nodes)
+    total = sum((n.gpus if device_kind.ray_gpus else n.cpus) for n in nodes)
     largest = max(c.dp_degree * c.mp_degree for c in candidates)
     return max(1, int(total // largest))
 

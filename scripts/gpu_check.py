@@ -50,6 +50,7 @@ from orchestrator.models.layers import LEAF_MODULES  # noqa: E402
 from orchestrator.profile.api import (measure_step_s, partition, profile_model,  # noqa: E402
                                       single_device_step_s)
 from orchestrator.profile.trace import Partition, partition as cut, trace  # noqa: E402
+from orchestrator.runtime.device_kind import DeviceKind  # noqa: E402
 from orchestrator.runtime.devices import load_state, place_module  # noqa: E402
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs  # noqa: E402
 from orchestrator.train.sync import (DDPSync, collective_device, flat_bucket,  # noqa: E402
@@ -256,7 +257,7 @@ def check_memory_flat(device: str) -> tuple[bool, str]:
 
 
 def check_collectives(device: str) -> tuple[bool, str]:
-    backend = process_group_backend(use_gpu=device == "cuda", fake_gpus=False)
+    backend = process_group_backend(DeviceKind.GPU if device == "cuda" else DeviceKind.CPU)
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0,
                                 world_size=1)

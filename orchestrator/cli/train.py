@@ -8,6 +8,7 @@ import tempfile
 import time
 
 from orchestrator.cli.paths import input_dir, loaded_by, output_dir
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.config import TrainConfig
 from placement.errors import UserError
 from placement.plan import load_plan
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"solver for the plan made without --plan (default {DEFAULT_SOLVER})")
     p.add_argument("--plan-time-limit", type=float, default=None, dest="plan_time_limit",
                    help="seconds that plan may take (default: "
-                        "orchestrator.train.launch.PLAN_TIME_LIMIT_S, 20)")
+                        "orchestrator.train.planning.PLAN_TIME_LIMIT_S, 20)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--checkpoint-every", type=int, default=5, dest="checkpoint_every")
@@ -54,14 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.train.checks import check_run, model_for_checks
-    from orchestrator.train.launch import (
-        PLAN_TIME_LIMIT_S,
-        fit,
-        parse_fake_cluster,
-        plan_worker,
-        ray_cluster,
-    )
+    from orchestrator.train.cluster import parse_fake_cluster, ray_cluster
+    from orchestrator.train.planning import PLAN_TIME_LIMIT_S, plan_worker
     from orchestrator.train.resources import plan_on_gpus
+    from orchestrator.train.trainer import fit
 
     if args.fake_cluster:
         parse_fake_cluster(args.fake_cluster)
@@ -76,12 +73,12 @@ def run(args: argparse.Namespace) -> int:
                       checkpoint_every=args.checkpoint_every,
                       mixed_precision=args.mixed_precision,
                       clip_grad_norm=args.clip_grad_norm, data=args.data,
-                      use_gpu=args.gpu or bool(args.fake_cluster))
-    # Fake GPUs are threads of this machine: plan them here, like CPU hosts.
-    on_real_gpus = args.gpu and not args.fake_cluster
+                      device_kind=DeviceKind.from_flags(gpu=args.gpu,
+                                                        fake_cluster=bool(args.fake_cluster)))
     worker_plan = args.plan
     check_run(cfg, spec, worker_plan, plan_file="--plan" if worker_plan else "the plan")
-    if worker_plan is None and not on_real_gpus:
+    # Fake GPUs are threads of this machine: plan them here, like CPU hosts.
+    if worker_plan is None and cfg.device_kind.measured_here:
         worker_plan = plan_worker(cfg, solver=args.solver, time_limit_s=time_limit_s)
     storage = args.storage or tempfile.mkdtemp(prefix="orchestrator-train-")
     with ray_cluster(args.fake_cluster):
@@ -89,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             worker_plan = plan_on_gpus(cfg, solver=args.solver, time_limit_s=time_limit_s)
         result = fit(cfg, worker_plan, storage=storage,
                      name=f"train-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}",
-                     max_failures=args.max_failures, fake_gpus=bool(args.fake_cluster))
+                     max_failures=args.max_failures)
     summary = {"losses": result["losses"], "step_times_s": result["step_times_s"],
                "workers": result["workers"], "plan": {
                    "solver": worker_plan.solver, "status": worker_plan.status,

@@ -88,7 +88,7 @@ def _noise(value: float | None) -> str:
 
 
 def write_report(storage: Path, *, grid, plans: dict[int, Plan], crossover: CrossoverResult,
-                 summary: dict, candidates: Sequence[Candidate]) -> Path:
+                 summary: dict) -> Path:
     out = storage / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = trial_rows(grid)

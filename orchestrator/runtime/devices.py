@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.runtime.executor import OpPartition
 from placement.errors import UserError
 
@@ -21,12 +22,12 @@ class NoCudaError(UserError):
     """GPUs were asked for, but the worker's process has no CUDA."""
 
 
-def plan_devices(num_devices: int, *, use_gpu: bool, fake_gpus: bool, cuda_available: bool,
+def plan_devices(num_devices: int, *, kind: DeviceKind, cuda_available: bool,
                  visible: Sequence[torch.device], node: str) -> list[torch.device]:
     """The torch device of each plan device. `visible`: the GPUs Ray gave this worker
     (ray.train.torch.get_devices()); `node`: where the worker runs, for the error a
     node without CUDA gets instead of a silent fall back to CPU threads."""
-    if not use_gpu or fake_gpus:
+    if not kind.cuda:
         return [torch.device("cpu")] * num_devices
     if not cuda_available:
         raise NoCudaError(

@@ -57,10 +57,6 @@ class OpPartition:
     op_nodes: Mapping[int, Sequence[str]]
 
 
-def _is_free(node: fx.Node) -> bool:
-    return node.op in ("placeholder", "get_attr", "output")
-
-
 class _Failed(Exception):
     """Raised in waiting threads once another device's task has failed."""
 

@@ -17,6 +17,7 @@ import ray
 import torch
 
 from orchestrator.models import build
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.runtime.executor import batched_inputs
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.errors import user_errors_raised
@@ -77,11 +78,11 @@ def measure_noise_scale(model: str, preset: str, *, global_batch: int, steps: in
 
 
 def noise_scale_on_cluster(model: str, preset: str, *, global_batch: int, steps: int,
-                           lr: float, data: str | None, use_gpu: bool) -> float:
+                           lr: float, data: str | None, kind: DeviceKind) -> float:
     """`measure_noise_scale` as a Ray task on one device of the cluster (a GPU where the
     cluster has them: the driver's node may have none); a user's error raised in it
     comes back as itself."""
-    task = ray.remote(measure_noise_scale).options(num_cpus=1, num_gpus=1 if use_gpu else 0)
+    task = ray.remote(measure_noise_scale).options(num_cpus=1, num_gpus=int(kind.ray_gpus))
     with user_errors_raised(ray.exceptions.RayTaskError):
         return ray.get(task.remote(model, preset, global_batch=global_batch, steps=steps,
                                    lr=lr, data=data))

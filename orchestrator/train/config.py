@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from orchestrator.runtime.device_kind import DeviceKind
 from placement.errors import UserError
 
 FAIL_MODES = ("raise", "kill")
@@ -37,10 +40,9 @@ class TrainConfig:
     data: str | None = None
     """Dataset root in a built-in model's real layout; None: a small synthetic dataset
     (a model of your own brings its data in its ModelSpec, or is fed by make_batch)."""
-    use_gpu: bool = False
-    fake_gpus: bool = False
-    """The cluster's GPUs exist only in Ray's bookkeeping (a test cluster on a CPU host):
-    the workers' devices are CPU threads."""
+    device_kind: DeviceKind = DeviceKind.CPU
+    """What the workers' devices are: CPU cores, fake GPUs (CPU threads that Ray places
+    as GPUs) or CUDA GPUs."""
     inject_failures: tuple[tuple[int, str], ...] = ()
     """Test hook: (step, 'raise' | 'kill') pairs; the rank-0 worker fails once at each
     step, raising an exception or killing its own process."""
@@ -64,5 +66,12 @@ class TrainConfig:
                 raise UserError(f"failure mode {mode!r} at step {step}: choose one of "
                                 f"{FAIL_MODES}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe: the device kind as its string, the failures as lists."""
+        return {**asdict(self), "device_kind": str(self.device_kind),
+                "inject_failures": [list(f) for f in self.inject_failures]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        return cls(**{**data, "device_kind": DeviceKind(data["device_kind"]),
+                      "inject_failures": tuple(tuple(f) for f in data["inject_failures"])})

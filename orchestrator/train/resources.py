@@ -22,7 +22,9 @@ import yaml
 
 from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import NodeResources, cluster_nodes, micro_batch_size, plan_worker
+from orchestrator.runtime.device_kind import DeviceKind
+from orchestrator.train.capacity import NodeResources, cluster_nodes
+from orchestrator.train.planning import micro_batch_size, plan_worker
 from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
 from placement.plan import Plan
@@ -179,8 +181,7 @@ def acquire(request: GpuRequest, *, say: Callable[[str], None] = print,
 @dataclass(frozen=True, kw_only=True)
 class JobDevices:
     nodes: list[NodeResources]
-    use_gpu: bool
-    fake_gpus: bool
+    kind: DeviceKind
     num_gpus: int
     """Devices the job uses: GPUs, or CPU cores on a CPU cluster."""
     cluster: ClusterSpec
@@ -188,38 +189,33 @@ class JobDevices:
     requested: bool
     """Whether the job asked the autoscaler for GPUs (and should withdraw it after)."""
 
-    @property
-    def measured_here(self) -> bool:
-        """Devices that are CPU threads (CPU hosts, fake GPUs) run measured CPU costs."""
-        return not self.use_gpu or self.fake_gpus
 
-
-def decide_devices(num_gpus: int | None, *, fake_gpus: bool, cluster_name: str | None,
+def decide_devices(num_gpus: int | None, *, fake_cluster: bool, cluster_name: str | None,
                    types: Sequence[NodeType] | None,
                    say: Callable[[str], None] = print,
                    timeout_s: float = GPU_WAIT_S) -> JobDevices:
     """The job's devices. With an autoscaler's GPU node types (`types`), ask for
     `num_gpus` (or one node's worth) and wait for them; otherwise take the live nodes:
     their GPUs if any, else their CPU cores."""
-    requested = bool(types) and not fake_gpus
+    requested = bool(types) and not fake_cluster
     if requested:
         nodes = acquire(plan_gpu_request(types, num_gpus), say=say, timeout_s=timeout_s)
     else:
         nodes = cluster_nodes()
-    use_gpu = any(n.gpus > 0 for n in nodes)
-    total = int(sum((n.gpus if use_gpu else n.cpus) for n in nodes))
+    kind = (DeviceKind.from_flags(gpu=True, fake_cluster=fake_cluster)
+            if any(n.gpus > 0 for n in nodes) else DeviceKind.CPU)
+    total = int(sum((n.gpus if kind.ray_gpus else n.cpus) for n in nodes))
     wanted = num_gpus or total
     if wanted > total:
         raise UserError(f"--num-gpus {wanted}: the cluster has {total} "
-                        f"{'GPU' if use_gpu else 'CPU core'}s: use at most that many")
-    per_node = int(max((n.gpus if use_gpu else n.cpus) for n in nodes))
-    measured_here = not use_gpu or fake_gpus
-    name = cluster_name or ("cpu" if measured_here else preset_for(types, nodes))
+                        f"{'GPU' if kind.ray_gpus else 'CPU core'}s: use at most that many")
+    per_node = int(max((n.gpus if kind.ray_gpus else n.cpus) for n in nodes))
+    name = cluster_name or ("cpu" if kind.measured_here else preset_for(types, nodes))
     spec = preset(name)
-    if measured_here:
+    if kind.measured_here:
         spec = dataclasses.replace(spec, devices_per_node=max(per_node, 1))
-    return JobDevices(nodes=nodes, use_gpu=use_gpu, fake_gpus=fake_gpus, num_gpus=wanted,
-                      cluster=spec, requested=requested)
+    return JobDevices(nodes=nodes, kind=kind, num_gpus=wanted, cluster=spec,
+                      requested=requested)
 
 
 def preset_for(types: Sequence[NodeType] | None, nodes: Sequence[NodeResources]) -> str:

@@ -14,17 +14,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.runtime.devices import ddp_device_ids
 
 #: The process group backend of GPU workers (see the module docstring).
 GPU_BACKEND = "cpu:gloo,cuda:nccl"
 
 
-def process_group_backend(*, use_gpu: bool, fake_gpus: bool) -> str:
+def process_group_backend(kind: DeviceKind) -> str:
     """What Ray Train's TorchConfig(backend=...) gets: Ray alone would pick plain NCCL
     for any worker holding GPUs, which fake GPUs cannot run and which refuses the
     host tensors of the per-step scalars."""
-    return GPU_BACKEND if use_gpu and not fake_gpus else "gloo"
+    return GPU_BACKEND if kind.cuda else "gloo"
 
 
 def collective_device(backend: str, device: torch.device) -> torch.device:

@@ -23,10 +23,9 @@ from orchestrator.runtime.devices import (load_state, place_module, plan_devices
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
+from orchestrator.train.job import Projection, WorkerJob
 from orchestrator.train.sync import DDPSync, GradientSync, collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
-from placement.scaling.efficiency import examples_to_target
-from placement.plan import plan_from_dict
 
 STATE_FILE = "state.pt"
 
@@ -40,11 +39,10 @@ REPORT_INTERVAL_S = 2.0
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
     """The torch device of each of the worker's mp_degree plan devices: its GPUs, or
     CPU threads on a CPU host and on fake-GPU test clusters."""
-    real_gpus = cfg.use_gpu and not cfg.fake_gpus
     cuda = torch.cuda.is_available()
-    return plan_devices(cfg.mp_degree, use_gpu=cfg.use_gpu, fake_gpus=cfg.fake_gpus,
-                        cuda_available=cuda,
-                        visible=ray.train.torch.get_devices() if real_gpus and cuda else [],
+    return plan_devices(cfg.mp_degree, kind=cfg.device_kind, cuda_available=cuda,
+                        visible=(ray.train.torch.get_devices()
+                                 if cfg.device_kind.cuda and cuda else []),
                         node=_node_name())
 
 
@@ -80,21 +78,16 @@ def _maybe_fail(cfg: TrainConfig, step: int, rank: int, marker_dir: str | None) 
     raise RuntimeError(f"injected failure at step {step} (test hook)")
 
 
-def _projection(projection: Mapping | None, noise: NoiseScaleEstimator, global_batch: int,
-                step_times: list[float]) -> dict[str, float]:
+def _projection(projection: Projection | None, noise: NoiseScaleEstimator,
+                global_batch: int, step_times: list[float]) -> dict[str, float]:
     """The scaling model's time to accuracy at this run's median step time, and the
-    gradient noise scale this run measured (with several workers, once positive).
-
-    The projection keeps the job's statistical efficiency (one B_noise for every trial of
-    a sweep): a noise scale measured in a few steps of a tiny run is too noisy to rank
-    trials by, and trials of one worker cannot measure it at all."""
+    gradient noise scale this run measured (with several workers, once positive)."""
     metrics = {}
     if noise.grad_sq is not None and noise.grad_sq > 0 and noise.trace > 0:
         metrics["noise_scale"] = noise.b_simple
-    if projection:
-        steps = examples_to_target(projection["min_epochs"] * projection["dataset_size"],
-                                   projection["b_noise"], global_batch) / global_batch
-        metrics["projected_time_s"] = steps * statistics.median(step_times)
+    if projection is not None:
+        metrics["projected_time_s"] = projection.time_to_accuracy_s(
+            global_batch, statistics.median(step_times))
     return metrics
 
 
@@ -129,13 +122,11 @@ class HybridWorker:
     allreducing gradients with the other workers, checkpointing the whole state.
     Built inside a Ray Train worker (it reads the train context)."""
 
-    def __init__(self, config: dict) -> None:
-        train = config["train"]
-        self.cfg = cfg = TrainConfig(**{**train, "inject_failures": tuple(
-            map(tuple, train["inject_failures"]))})
-        self.marker_dir = config.get("marker_dir")
-        self.projection = config.get("projection")
-        plan = plan_from_dict(config["plan"])
+    def __init__(self, job: WorkerJob) -> None:
+        self.cfg = cfg = job.train
+        self.marker_dir = job.marker_dir
+        self.projection = job.projection
+        plan = job.plan
         torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
@@ -160,8 +151,7 @@ class HybridWorker:
                                                        len(self.devices)),
                                      self.devices, self.world)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=0.9)
-        self.start, self.history = _restore(self.model, self.optimizer,
-                                            config.get("resume_from"))
+        self.start, self.history = _restore(self.model, self.optimizer, job.resume_from)
         self.global_batch = cfg.global_batch or spec.batch
         self.source = BatchSource(spec, data=cfg.data, global_batch=self.global_batch,
                                   rank=self.rank, dp_degree=self.world, seed=cfg.seed)
@@ -237,7 +227,8 @@ class HybridWorker:
 
 
 def train_loop_per_worker(config: dict) -> dict:
-    worker = HybridWorker(config)
+    """Ray Train's entry point: `config` is a `WorkerJob.to_dict()`."""
+    worker = HybridWorker(WorkerJob.from_dict(config))
     for step in range(worker.start, worker.cfg.steps):
         worker.train_step(step)
     return worker.result()

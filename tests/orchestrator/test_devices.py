@@ -10,6 +10,7 @@ import torch
 from torch import fx, nn
 from torch import serialization
 
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.runtime.devices import (NoCudaError, ddp_device_ids, load_state,
                                           place_module, plan_devices, tensor_owners)
 from orchestrator.runtime.executor import OpPartition
@@ -42,16 +43,16 @@ def split(model):
 
 def test_gpu_plan_devices_are_the_gpus_ray_gave_the_worker():
     visible = [torch.device("cuda:2"), torch.device("cuda:3")]
-    assert plan_devices(2, use_gpu=True, fake_gpus=False, cuda_available=True,
+    assert plan_devices(2, kind=DeviceKind.GPU, cuda_available=True,
                         visible=visible, node="n1") == visible
-    for use_gpu, fake in ((False, False), (True, True)):
-        assert plan_devices(2, use_gpu=use_gpu, fake_gpus=fake, cuda_available=False,
+    for kind in (DeviceKind.CPU, DeviceKind.FAKE_GPU):
+        assert plan_devices(2, kind=kind, cuda_available=False,
                             visible=[], node="n1") == [CPU, CPU]
 
 
 def test_a_gpu_worker_without_cuda_is_an_error_naming_its_node():
     with pytest.raises(NoCudaError, match=r"node 10\.0\.0\.7 .*no CUDA.*setup_commands"):
-        plan_devices(1, use_gpu=True, fake_gpus=False, cuda_available=False, visible=[],
+        plan_devices(1, kind=DeviceKind.GPU, cuda_available=False, visible=[],
                      node="10.0.0.7 (Ray node abc)")
 
 
@@ -74,10 +75,10 @@ def test_ddp_gets_the_gpu_of_a_one_device_worker_and_none_on_cpu():
 
 
 def test_gpu_workers_get_a_process_group_with_gloo_for_host_scalars():
-    assert process_group_backend(use_gpu=True, fake_gpus=False) == GPU_BACKEND
+    assert process_group_backend(DeviceKind.GPU) == GPU_BACKEND
     assert GPU_BACKEND == "cpu:gloo,cuda:nccl"
-    assert process_group_backend(use_gpu=True, fake_gpus=True) == "gloo"
-    assert process_group_backend(use_gpu=False, fake_gpus=False) == "gloo"
+    assert process_group_backend(DeviceKind.FAKE_GPU) == "gloo"
+    assert process_group_backend(DeviceKind.CPU) == "gloo"
     gpu = torch.device("cuda:1")
     assert collective_device(GPU_BACKEND, gpu) == CPU
     assert collective_device("nccl", gpu) == gpu

@@ -3,13 +3,11 @@ projection each trial ranks by."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import ray
 
 from orchestrator.pipeline import main
-from orchestrator.sweep import trial_projection
+from orchestrator.train.job import Projection
 from orchestrator.train.noise_scale import NoiseScaleEstimator
 from orchestrator.train.worker import _projection
 from placement.scaling.efficiency import EpochCurve, NoiseScaleModel, examples_to_target
@@ -50,7 +48,7 @@ def test_a_storage_that_holds_a_sweep_needs_resume(tmp_path, capsys):
     assert not ray.is_initialized()
 
 
-def projected_steps(projection: dict, global_batch: int) -> float:
+def projected_steps(projection: Projection, global_batch: int) -> float:
     """Steps to target the workers project (at a 1 s median step: its time in seconds)."""
     return _projection(projection, NoiseScaleEstimator(), global_batch,
                        [1.0])["projected_time_s"]
@@ -60,9 +58,8 @@ def projected_steps(projection: dict, global_batch: int) -> float:
 def test_each_trial_projects_the_jobs_efficiency_at_its_batch(global_batch):
     noise = NoiseScaleModel(b_noise=300.0, min_epochs=2.0)
     expected = examples_to_target(2.0 * 5e4, 300.0, global_batch) / global_batch
-    assert projected_steps(trial_projection(noise, 5e4, global_batch),
+    assert projected_steps(Projection.at_batch(noise, 5e4, global_batch),
                            global_batch) == pytest.approx(expected)
     curve = EpochCurve(global_batch=(8, 128), epochs_at=(1.0, 4.0))
-    assert projected_steps(trial_projection(curve, 5e4, global_batch), global_batch) == \
+    assert projected_steps(Projection.at_batch(curve, 5e4, global_batch), global_batch) == \
         pytest.approx(curve.epochs(global_batch) * 5e4 / global_batch)
-    assert math.isinf(trial_projection(curve, 5e4, global_batch)["b_noise"])

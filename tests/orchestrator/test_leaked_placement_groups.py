@@ -10,12 +10,8 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group
 
-from orchestrator.train.launch import (
-    PlacementGroupRecord,
-    leaked,
-    placement_groups_not_removed,
-    ray_cluster,
-)
+from orchestrator.train.cluster import ray_cluster
+from orchestrator.train.leaks import PlacementGroupRecord, leaked, placement_groups_not_removed
 
 
 def record(pg_id, *, job="01000000", state="CREATED", detached=False, creator=None):

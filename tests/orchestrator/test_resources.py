@@ -10,9 +10,10 @@ import pytest
 import ray
 import yaml
 
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.runtime.devices import NoCudaError
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import NodeResources
+from orchestrator.train.capacity import NodeResources
 from orchestrator.train.resources import (NodeType, decide_devices, node_types,
                                           plan_gpu_request, plan_on_gpus,
                                           plan_worker_request, preset_for,
@@ -108,7 +109,7 @@ def test_the_job_asks_for_gpus_and_waits_for_a_node_that_joins_later(head_only_c
 
     def job():
         try:
-            result["devices"] = decide_devices(None, fake_gpus=False, cluster_name=None,
+            result["devices"] = decide_devices(None, fake_cluster=False, cluster_name=None,
                                                types=types, say=lines.append,
                                                timeout_s=120)
         except BaseException as err:  # noqa: BLE001 - reported by the assertion below
@@ -122,7 +123,7 @@ def test_the_job_asks_for_gpus_and_waits_for_a_node_that_joins_later(head_only_c
     thread.join(timeout=90)
     assert not thread.is_alive() and "error" not in result, result
     devices = result["devices"]
-    assert devices.use_gpu and devices.num_gpus == 2 and devices.requested
+    assert devices.kind is DeviceKind.GPU and devices.num_gpus == 2 and devices.requested
     assert devices.cluster.name == "dgx1-v100"
     assert lines[0] == "asking the autoscaler for 2 GPU(s) as 1 bundle(s) [{'GPU': 2}]"
     assert any(line.startswith("waiting for GPUs: 0 of 2") for line in lines)
@@ -148,6 +149,6 @@ def test_a_gpu_training_run_is_planned_from_a_gpu_worker_not_the_driver(head_onl
     if not any(n["Resources"].get("GPU") for n in ray.nodes() if n["Alive"]):
         head_only_cluster.add_node(num_cpus=2, num_gpus=2)
     cfg = TrainConfig(model="vgg16", preset="tiny", mp_degree=2, global_batch=4,
-                      use_gpu=True)
+                      device_kind=DeviceKind.GPU)
     with pytest.raises(NoCudaError, match=r"^node [\d.]+: the profile task holds a GPU"):
         plan_on_gpus(cfg, solver="heuristic", time_limit_s=5.0)

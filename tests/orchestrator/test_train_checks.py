@@ -7,7 +7,7 @@ import ray
 
 from orchestrator.cli import main
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import plan_worker
+from orchestrator.train.planning import plan_worker
 
 MLP = "tests.orchestrator.user_models:mlp"
 

@@ -10,7 +10,8 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import micro_batch_size, plan_worker, profile_micro_batch
+from orchestrator.train.job import WorkerJob
+from orchestrator.train.planning import micro_batch_size, plan_worker, profile_micro_batch
 from orchestrator.train.worker import train_loop_per_worker
 from placement.cluster import preset
 from placement.errors import UserError
@@ -33,7 +34,7 @@ def run_local(cfg: TrainConfig, tmp_path, plan=None) -> dict:
     plan = plan or plan_worker(cfg, micro=_profile(cfg))
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"train": cfg.to_dict(), "plan": plan.to_dict()},
+        train_loop_config=WorkerJob(train=cfg, plan=plan).to_dict(),
         scaling_config=ScalingConfig(num_workers=0),
         run_config=RunConfig(name=f"local-{time.monotonic_ns()}", storage_path=str(tmp_path)))
     return trainer.fit().return_value

@@ -8,11 +8,16 @@ import numpy as np
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import ClusterTooSmallError, fit, plan_worker, ray_cluster
+from orchestrator.train.capacity import ClusterTooSmallError
+from orchestrator.train.cluster import ray_cluster
+from orchestrator.train.planning import plan_worker
+from orchestrator.train.trainer import fit
 from tests.orchestrator.test_train_local import run_local
 
 pytestmark = pytest.mark.ray
+FAKE = DeviceKind.FAKE_GPU
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +28,7 @@ def fake_cluster():
 
 def fit_now(cfg, tmp_path, **kwargs):
     return fit(cfg, plan_worker(cfg), storage=tmp_path, name=f"run-{time.monotonic_ns()}",
-               fake_gpus=True, **kwargs)
+               **kwargs)
 
 
 def assert_matches_one_device_and_one_node_per_worker(hybrid: dict, model: str, batch: int,
@@ -49,7 +54,7 @@ def test_train_cli_dp2_mp2_on_its_own_fake_cluster(tmp_path, capsys):
 
 def test_dp2_mp2_with_micro_batches_matches_one_device(fake_cluster, tmp_path):
     hybrid = fit_now(TrainConfig(model="inception_v3", dp_degree=2, mp_degree=2,
-                                 num_micro_batches=4, global_batch=8, steps=3, use_gpu=True),
+                                 num_micro_batches=4, global_batch=8, steps=3, device_kind=FAKE),
                      tmp_path)
     assert_matches_one_device_and_one_node_per_worker(hybrid, "inception_v3", 8, tmp_path)
 
@@ -59,7 +64,7 @@ def test_failed_workers_resume_from_their_checkpoint_and_lose_nothing(fake_clust
     each restart resumes from the last checkpoint."""
     common = dict(model="biglstm", mp_degree=2, num_micro_batches=2, global_batch=8,
                   steps=6, checkpoint_every=2)
-    resumed = fit_now(TrainConfig(**common, use_gpu=True,
+    resumed = fit_now(TrainConfig(**common, device_kind=FAKE,
                                   inject_failures=((3, "raise"), (5, "kill"))),
                       tmp_path, max_failures=2)
     assert sorted(p.name for p in tmp_path.glob("*/markers/*")) == ["failed-at-3",
@@ -72,18 +77,18 @@ def test_failed_workers_resume_from_their_checkpoint_and_lose_nothing(fake_clust
 
 def test_requests_the_cluster_cannot_hold_are_refused_up_front(fake_cluster, tmp_path):
     with pytest.raises(ClusterTooSmallError, match="largest node has 2"):
-        fit_now(TrainConfig(model="biglstm", mp_degree=4, use_gpu=True), tmp_path)
+        fit_now(TrainConfig(model="biglstm", mp_degree=4, device_kind=FAKE), tmp_path)
     with pytest.raises(ClusterTooSmallError, match="holds at most 2 worker"):
         fit_now(TrainConfig(model="biglstm", dp_degree=3, mp_degree=2, global_batch=6,
-                            use_gpu=True), tmp_path)
+                            device_kind=FAKE), tmp_path)
 
 
 def test_a_checkpoint_resumes_at_another_dp_and_mp(fake_cluster, tmp_path):
     common = dict(model="biglstm", global_batch=8, checkpoint_every=3)
-    first = TrainConfig(**common, mp_degree=2, num_micro_batches=2, steps=3, use_gpu=True)
+    first = TrainConfig(**common, mp_degree=2, num_micro_batches=2, steps=3, device_kind=FAKE)
     fit_now(first, tmp_path / "first")
     checkpoint = max(p for p in (tmp_path / "first").glob("run-*/checkpoint_*") if p.is_dir())
-    second = TrainConfig(**common, dp_degree=2, steps=6, use_gpu=True)
+    second = TrainConfig(**common, dp_degree=2, steps=6, device_kind=FAKE)
     resumed = fit_now(second, tmp_path / "second", resume_from=checkpoint)
     plain = run_local(TrainConfig(**common, steps=6), tmp_path)
     assert resumed["losses"] == pytest.approx(plain["losses"], rel=1e-5)

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.launch import ray_cluster
+from orchestrator.train.cluster import ray_cluster
 from tests.orchestrator.test_train_local import run_local
 
 pytestmark = pytest.mark.ray

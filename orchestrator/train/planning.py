@@ -1,0 +1,61 @@
+"""Planning one worker of a training run: its micro-batch profiled on this machine,
+its ops placed on its mp_degree devices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from orchestrator.train.config import TrainConfig
+from placement import policy
+from placement.cluster import ClusterSpec, preset
+from placement.graph import OpGraph
+from placement.plan import Plan
+from placement.policy import DEFAULT_SOLVER
+from placement.scaling.step import scale_graph
+
+#: Seconds `plan_worker`'s MILP may take (one plan: `orchestrator train` without --plan).
+PLAN_TIME_LIMIT_S = 20.0
+
+
+def micro_batch_size(cfg: TrainConfig) -> int:
+    """Samples in one micro-batch of a worker's share of the global batch."""
+    from orchestrator.models import build
+
+    global_batch = cfg.global_batch or build(cfg.model, cfg.preset, device="meta").batch
+    return max(1, global_batch // cfg.dp_degree // cfg.num_micro_batches)
+
+
+def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
+    """The model's graph profiled on this machine at one micro-batch of a worker's share
+    of the batch.
+
+    Profiling at the micro-batch, not at the worker's batch divided by K, keeps what a
+    small batch costs per sample (fixed per-op overheads, less efficient kernels) in
+    the plan's prediction."""
+    from orchestrator.profile import profile_model
+
+    return profile_model(cfg.model, preset=cfg.preset, target="cpu",
+                         batch=micro_batch_size(cfg))
+
+
+def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,
+                time_limit_s: float = PLAN_TIME_LIMIT_S,
+                micro: OpGraph | None = None, cluster: ClusterSpec | None = None) -> Plan:
+    """Place the worker's ops on its devices by the planning policy within
+    `time_limit_s`, from `micro`, the graph of one micro-batch (profiled now on this
+    machine's CPU when not given), on `cluster`'s devices (default: this machine's
+    threads, the devices of CPU hosts and fake-GPU clusters, whose measured CPU costs
+    are then the right ones; a GPU run passes its GPUs' preset and a GPU profile:
+    orchestrator/train/resources.py plan_on_gpus)."""
+    k = cfg.num_micro_batches
+    if micro is None:
+        micro = profile_micro_batch(cfg)
+    # The planner splits each op's time over K micro-batch tasks; hand it K x the
+    # micro-batch's times so that each task costs what was measured.
+    graph = scale_graph(micro, compute_factor=k, data_factor=k)
+    if cluster is None:
+        cpu = preset("cpu")
+        cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
+                                                                cpu.devices_per_node))
+    return policy.plan_worker(graph, cluster, num_devices=cfg.mp_degree,
+                              num_micro_batches=k, time_limit_s=time_limit_s, solver=solver)
