@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.op_graphs",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory to write <model>_training.json into")
-    parser.add_argument("--granularity", default="core-aten", choices=GRANULARITIES[1:])
+    parser.add_argument("--granularity", default="decomposed", choices=GRANULARITIES[1:])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args(argv)
     out = Path(args.out)
