@@ -130,10 +130,11 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
                           f"costs for {cluster.device.name}"
                           + ("" if measured_here else ", timed on a GPU worker"))
-    graph = (profile_model(args.model, preset=args.preset, batch=base_batch, target="cpu")
+    graph = (profile_model(args.model, preset=args.preset, batch=base_batch, target="cpu",
+                           granularity=args.granularity)
              if measured_here else
              profile_on_gpu_worker(args.model, preset_name=args.preset, batch=base_batch,
-                                   target=cluster.device.name))
+                                   target=cluster.device.name, granularity=args.granularity))
     save_graph(graph, args.storage / "graph.json")
 
     mps = mp_candidates(cluster.devices_per_node, num_gpus)

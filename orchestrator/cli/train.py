@@ -8,6 +8,7 @@ import tempfile
 import time
 
 from orchestrator.cli.paths import input_dir, loaded_by, output_dir
+from orchestrator.profile.capture import GRANULARITIES
 from orchestrator.train.config import TrainConfig
 from placement.errors import UserError
 from placement.plan import load_plan
@@ -29,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the batch of the model's ModelSpec)")
     p.add_argument("--plan", type=loaded_by(load_plan),
                    help="plan JSON from `orchestrator plan` (default: profile and plan now)")
+    p.add_argument("--granularity", default=None, choices=GRANULARITIES,
+                   help="what one op is in the plan made without --plan (as orchestrator "
+                        "profile --granularity; default: --plan's, else module)")
     p.add_argument("--solver", default=DEFAULT_SOLVER,
                    help=f"solver for the plan made without --plan (default {DEFAULT_SOLVER})")
     p.add_argument("--plan-time-limit", type=float, default=None, dest="plan_time_limit",
@@ -68,8 +72,15 @@ def run(args: argparse.Namespace) -> int:
     time_limit_s = PLAN_TIME_LIMIT_S if args.plan_time_limit is None else args.plan_time_limit
     if time_limit_s <= 0:
         raise UserError(f"--plan-time-limit {time_limit_s}: must be > 0 seconds")
+    worker_plan = args.plan
+    if worker_plan and args.granularity not in (None, worker_plan.granularity):
+        raise UserError(f"--plan places ops of --granularity {worker_plan.granularity}, "
+                        f"not {args.granularity}: leave --granularity out, or plan a graph "
+                        f"profiled with --granularity {args.granularity}")
     spec = model_for_checks(args.model, args.preset)
     cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=args.dp,
+                      granularity=args.granularity or (
+                          worker_plan.granularity if worker_plan else "module"),
                       mp_degree=args.mp,
                       global_batch=spec.batch_size(args.global_batch, "--global-batch"),
                       num_micro_batches=args.micro_batches, steps=args.steps, lr=args.lr,
@@ -79,7 +90,6 @@ def run(args: argparse.Namespace) -> int:
                       use_gpu=args.gpu or bool(args.fake_cluster))
     # Fake GPUs are threads of this machine: plan them here, like CPU hosts.
     on_real_gpus = args.gpu and not args.fake_cluster
-    worker_plan = args.plan
     check_run(cfg, spec, worker_plan, plan_file="--plan" if worker_plan else "the plan")
     if worker_plan is None and not on_real_gpus:
         worker_plan = plan_worker(cfg, solver=args.solver, time_limit_s=time_limit_s)
