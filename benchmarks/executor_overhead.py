@@ -1,7 +1,7 @@
 """The executor's cost per op on operator-level graphs, against the plain module.
 
     python -m benchmarks.executor_overhead [--models resnet50 bert3] [--batch 2]
-        [--granularity decomposed] [--steps 7]
+        [--granularity decomposed] [--steps 9]
 
 Each model of `benchmarks.op_graphs` (paper presets, weights on the CPU) is cut at
 `--granularity` and one forward+backward of a batch is timed, on one thread, three
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
                         choices=list(MODELS))
     parser.add_argument("--granularity", default="decomposed", choices=GRANULARITIES)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=7, help="timed rounds (median)")
+    parser.add_argument("--steps", type=int, default=9, help="timed rounds (median)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"--granularity {args.granularity}, batch {args.batch}, medians of {args.steps} "
