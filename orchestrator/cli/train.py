@@ -78,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
                         f"not {args.granularity}: leave --granularity out, or plan a graph "
                         f"profiled with --granularity {args.granularity}")
     spec = model_for_checks(args.model, args.preset)
-    cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=args.dp,
+    cfg = TrainConfig(model=args.model, preset=args.preset,
                       granularity=args.granularity or (
                           worker_plan.granularity if worker_plan else "module"),
-                      mp_degree=args.mp,
+                      dp_degree=args.dp, mp_degree=args.mp,
                       global_batch=spec.batch_size(args.global_batch, "--global-batch"),
                       num_micro_batches=args.micro_batches, steps=args.steps, lr=args.lr,
                       checkpoint_every=args.checkpoint_every,
