@@ -4,7 +4,7 @@ import importlib
 import sys
 
 AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp", "max_load",
-         "user_models")
+         "user_models", "executor_overhead")
 
 
 def main(argv: list[str]) -> int:

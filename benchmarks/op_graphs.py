@@ -1,6 +1,6 @@
 """Operator-level training graphs, for the placer's benchmarks at scale.
 
-    python -m benchmarks.op_graphs OUT_DIR [--granularity core-aten] [--models bert3 ...]
+    python -m benchmarks.op_graphs OUT_DIR [--granularity decomposed] [--models bert3 ...]
 
 Writes OUT_DIR/<model>_training.json for BERT with 3, 6 and 12 layers (transformers
 `BertForMaskedLM`, BERT-base width: hidden 768, 12 heads, sequence 128, its own
@@ -9,8 +9,9 @@ masked-LM loss on 15% of the tokens, dropout 0.1 as published) and ResNet-50
 classification loss), batch 8. Each is profiled (`orchestrator.profile.profile_model`,
 `paper` preset: built on the meta device, so no weight is allocated and shapes, FLOPs
 and bytes are exact, times projected by the roofline for cpu, v100, a100 and h100) at
-operator granularity, then unrolled into an explicit training graph: op i's backward
-is op N + i (`is_backward`), the gradient of each edge u -> v is an edge v' -> u' of
+operator granularity (default `decomposed`: ResNet-50's batch norms as their
+arithmetic, so that it has about as many ops as BERT-12), then unrolled into an
+explicit training graph: op i's backward is op N + i (`is_backward`), the gradient of each edge u -> v is an edge v' -> u' of
 the same size, each sink op feeds its own backward, and every op sits in one
 colocation group with its backward (and with any op that shares a parameter with it),
 as in the peer training graphs.
@@ -130,7 +131,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.op_graphs",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("out", help="directory to write <model>_training.json into")
-    parser.add_argument("--granularity", default="core-aten", choices=GRANULARITIES[1:])
+    parser.add_argument("--granularity", default="decomposed", choices=GRANULARITIES[1:])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from orchestrator.cli import _Parser
 from orchestrator.cli.paths import input_dir, loaded_by, output_dir
+from orchestrator.profile.capture import GRANULARITIES
 from orchestrator.sweep import EXPERIMENT
 from orchestrator.train.batches import check_data
 from orchestrator.train.checks import model_for_checks
@@ -62,6 +63,9 @@ class JobArgs:
     """Steps of the noise-scale calibration of a model without efficiency figures."""
     plan_time_limit_s: float = DEFAULT_PLAN_TIME_LIMIT_S
     """Seconds the planning stage may take over all its plans (the MILP's budget)."""
+    granularity: str = "module"
+    """What one op of the profiled graph is (`orchestrator profile --granularity`); the
+    plans, and so the trials' workers, cut the model the same way."""
 
     def __post_init__(self) -> None:
         if self.max_trials < 1:
@@ -124,6 +128,9 @@ def parse_args(argv: Sequence[str] | None, model: str | None = None,
     p.add_argument("--plan-time-limit", type=float, default=DEFAULT_PLAN_TIME_LIMIT_S,
                    dest="plan_time_limit", help="seconds the planning stage's MILP solves "
                    f"may take in all (default {DEFAULT_PLAN_TIME_LIMIT_S:g})")
+    p.add_argument("--granularity", default="module", choices=GRANULARITIES,
+                   help="what one op of the placed graph is (as orchestrator profile "
+                        "--granularity; default: module)")
     a = p.parse_args(argv)
     return JobArgs(model=model or a.model, preset=a.preset, batch_size=a.batch_size,
                    data=a.data, num_gpus=a.num_gpus,
@@ -133,7 +140,7 @@ def parse_args(argv: Sequence[str] | None, model: str | None = None,
                    cluster=a.cluster, fake_cluster=a.fake_cluster, curve=a.curve,
                    noise_scale=a.noise_scale, min_epochs=a.min_epochs,
                    dataset_size=a.dataset_size, calibration_steps=a.calibration_steps,
-                   plan_time_limit_s=a.plan_time_limit)
+                   plan_time_limit_s=a.plan_time_limit, granularity=a.granularity)
 
 
 @dataclass(frozen=True, kw_only=True)

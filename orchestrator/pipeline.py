@@ -174,10 +174,11 @@ def profile_stage(args: JobArgs, base_batch: int, devices: JobDevices) -> OpGrap
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
                           f"costs for {cluster.device.name}"
                           + ("" if measured_here else ", timed on a GPU worker"))
-    graph = (profile_model(args.model, preset=args.preset, batch=base_batch, target="cpu")
+    graph = (profile_model(args.model, preset=args.preset, batch=base_batch, target="cpu",
+                           granularity=args.granularity)
              if measured_here else
              profile_on_gpu_worker(args.model, preset_name=args.preset, batch=base_batch,
-                                   target=cluster.device.name))
+                                   target=cluster.device.name, granularity=args.granularity))
     save_graph(graph, args.storage / "graph.json")
     return graph
 

@@ -49,6 +49,9 @@ class Plan:
     device_memory_bytes: tuple[float, ...]
     time_unit: str = "s"
     graph_name: str = ""
+    granularity: str = "module"
+    """What one op of the placed graph is (`orchestrator profile --granularity`): the
+    worker cuts the model into ops the same way, so that the op ids mean the same."""
     timeline: tuple[tuple[int, str, int, int, float, float], ...] = ()
     """(op id, phase, micro-batch, device, start, end) per task, for Gantt charts."""
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -77,6 +80,7 @@ class Plan:
             "solve_seconds": self.solve_seconds,
             "time_unit": self.time_unit,
             "graph": self.graph_name,
+            "granularity": self.granularity,
             "num_devices": self.num_devices,
             "num_micro_batches": self.num_micro_batches,
             "step_time": self.step_time,
@@ -106,6 +110,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
         device_load=tuple(data["device_load"]),
         device_memory_bytes=tuple(data["device_memory_bytes"]),
         time_unit=data.get("time_unit", "s"), graph_name=data.get("graph", ""),
+        granularity=data.get("granularity", "module"),
         timeline=tuple(tuple(row) for row in data.get("timeline", ())),
         notes=tuple(data.get("notes", ())),
     )

@@ -163,6 +163,7 @@ def finish_plan(problem: Problem, group_device: np.ndarray, *, solver: str, stat
         device_memory_bytes=tuple(float(x) for x in memory_bytes(
             tg, group_device, k, problem.config.param_state_factor)),
         time_unit=tg.graph.time_unit, graph_name=tg.graph.name,
+        granularity=str(tg.graph.metadata.get("granularity", "module")),
         timeline=tuple(
             (*tg.tasks[t].label(), int(schedule.device[t]), float(schedule.start_s[t]),
              float(schedule.finish_s[t]))

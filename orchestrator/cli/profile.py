@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"what one op is: {', '.join(GRANULARITIES)} (module: a layer or "
                    "function, cheap elementwise work fused in; aten: one ATen operator as "
                    "the model calls it, captured with torch.export, no fusion; core-aten: "
-                   "one operator of PyTorch's Core ATen set; default: module)")
+                   "one operator of PyTorch's Core ATen set; decomposed: Core ATen with batch "
+                   "and layer norm decomposed into their arithmetic; default: module)")
     p.add_argument("--repeats", type=int, default=5, help="timed steps per op (median)")
     p.add_argument("--out", required=True, type=output_file, help="write the op graph JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

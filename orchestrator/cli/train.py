@@ -8,6 +8,7 @@ import tempfile
 import time
 
 from orchestrator.cli.paths import input_dir, loaded_by, output_dir
+from orchestrator.profile.capture import GRANULARITIES
 from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.config import TrainConfig
 from placement.errors import UserError
@@ -30,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the batch of the model's ModelSpec)")
     p.add_argument("--plan", type=loaded_by(load_plan),
                    help="plan JSON from `orchestrator plan` (default: profile and plan now)")
+    p.add_argument("--granularity", default=None, choices=GRANULARITIES,
+                   help="what one op is in the plan made without --plan (as orchestrator "
+                        "profile --granularity; default: --plan's, else module)")
     p.add_argument("--solver", default=DEFAULT_SOLVER,
                    help=f"solver for the plan made without --plan (default {DEFAULT_SOLVER})")
     p.add_argument("--plan-time-limit", type=float, default=None, dest="plan_time_limit",
@@ -65,9 +69,16 @@ def run(args: argparse.Namespace) -> int:
     time_limit_s = PLAN_TIME_LIMIT_S if args.plan_time_limit is None else args.plan_time_limit
     if time_limit_s <= 0:
         raise UserError(f"--plan-time-limit {time_limit_s}: must be > 0 seconds")
+    worker_plan = args.plan
+    if worker_plan and args.granularity not in (None, worker_plan.granularity):
+        raise UserError(f"--plan places ops of --granularity {worker_plan.granularity}, "
+                        f"not {args.granularity}: leave --granularity out, or plan a graph "
+                        f"profiled with --granularity {args.granularity}")
     spec = model_for_checks(args.model, args.preset)
-    cfg = TrainConfig(model=args.model, preset=args.preset, dp_degree=args.dp,
-                      mp_degree=args.mp,
+    cfg = TrainConfig(model=args.model, preset=args.preset,
+                      granularity=args.granularity or (
+                          worker_plan.granularity if worker_plan else "module"),
+                      dp_degree=args.dp, mp_degree=args.mp,
                       global_batch=spec.batch_size(args.global_batch, "--global-batch"),
                       num_micro_batches=args.micro_batches, steps=args.steps, lr=args.lr,
                       checkpoint_every=args.checkpoint_every,
@@ -75,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
                       clip_grad_norm=args.clip_grad_norm, data=args.data,
                       device_kind=DeviceKind.from_flags(gpu=args.gpu,
                                                         fake_cluster=bool(args.fake_cluster)))
-    worker_plan = args.plan
     check_run(cfg, spec, worker_plan, plan_file="--plan" if worker_plan else "the plan")
     # Fake GPUs are threads of this machine: plan them here, like CPU hosts.
     if worker_plan is None and cfg.device_kind.measured_here:

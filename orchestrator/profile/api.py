@@ -110,8 +110,8 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     (fp32, tf32, bf16); `target` names the kind the graph is meant for (recorded in
     its metadata, and the one `summary` reports; default: the measured kind);
     `extra_kinds` adds projected times for more device kinds (keyed by their names).
-    `granularity`: `module` (layers and functions), `aten` or `core-aten` (one op per
-    ATen operator); see `orchestrator.profile.capture`.
+    `granularity`: `module` (layers and functions), `aten`, `core-aten` or
+    `decomposed` (one op per ATen operator); see `orchestrator.profile.capture`.
     """
     device = default_device(preset) if device is None else device
     if device not in DEVICES:

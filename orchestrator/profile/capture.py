@@ -13,6 +13,12 @@
   (`run_decompositions`: `linear` becomes `permute` + `addmm`, attention its matmuls and
   softmax), about twice the ops. Some models do not decompose with symbolic batch sizes
   (GPT-2's Conv1D views, in torch 2.13); they say so.
+- Granularity `decomposed`: Core ATen with the normalisations (batch norm, layer
+  norm) decomposed too, by PyTorch's own decompositions (`torch._decomp`), into their
+  arithmetic (`var_mean`, `rsqrt`, `mul`, `add`, and the running statistics' update).
+  Core ATen keeps a batch norm one operator, so a convolutional network such as
+  ResNet-50 has few more ops there than layers; here each normalisation is about a
+  dozen ops that a placer may split.
 
 torch.export specialises the graph to the example batch's shapes; the samples
 dimension of the batched inputs stays symbolic (`Dim.AUTO`), so a micro-batch of any
@@ -30,14 +36,15 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
+from torch._decomp import get_decompositions
 from torch.export import Dim
 
 from orchestrator.profile.trace import (Partition, TraceFailure, Unit, aten_name, partition,
                                         trace)
 
 #: --granularity values: `module` (layers and functions), `aten` (ATen operators),
-#: `core-aten` (Core ATen operators).
-GRANULARITIES = ("module", "aten", "core-aten")
+#: `core-aten` (Core ATen operators), `decomposed` (Core ATen, normalisations decomposed).
+GRANULARITIES = ("module", "aten", "core-aten", "decomposed")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -72,7 +79,7 @@ def capture(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[
             gm = export(module, batch, batched, name, fx_failure=failure)
         units = layer_calls(gm, module)
     else:
-        gm = export(module, batch, batched, name, decompose=granularity == "core-aten")
+        gm = export(module, batch, batched, name, granularity=granularity)
         units = {}
     return Capture(module=gm, method="export", units=units, fuse=granularity == "module",
                    seconds=time.perf_counter() - start)
@@ -80,10 +87,10 @@ def capture(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[
 
 def export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[bool],
            name: str, fx_failure: TraceFailure | None = None,
-           decompose: bool = False) -> fx.GraphModule:
+           granularity: str = "aten") -> fx.GraphModule:
     """`module`'s step as an ATen graph returning the loss: torch.export's training IR
-    (autograd-able operators such as linear and layer_norm), or with `decompose` the
-    Core ATen IR."""
+    (autograd-able operators such as linear and layer_norm) at `module` and `aten`
+    granularity, else that IR decomposed (`_decompositions`)."""
     dynamic = tuple({0: Dim.AUTO} if b else None for b in batched)
     try:
         with _quiet():
@@ -96,14 +103,30 @@ def export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[b
                                "depend on shapes only, not on tensor values") from None
         raise TraceFailure(f"{fx_failure.problem}; torch.export failed too: "
                            f"{_first_line(err)}", fx_failure.fix) from None
-    if decompose:
+    if granularity in ("core-aten", "decomposed"):
         try:
             with _quiet():
-                exported = exported.run_decompositions()
+                exported = exported.run_decompositions(_decompositions(granularity))
         except _EXPORT_ERRORS as err:
-            raise TraceFailure(f"cannot capture {name} at --granularity core-aten: "
+            raise TraceFailure(f"cannot capture {name} at --granularity {granularity}: "
                                f"{_first_line(err)}", "use --granularity aten") from None
     return _loss_module(exported.module(), name)
+
+
+def _decompositions(granularity: str) -> dict:
+    """torch.export's table down to Core ATen, plus at `decomposed` PyTorch's own
+    decompositions of the normalisations Core ATen keeps whole (in training mode,
+    the functional batch norm that also returns the updated running statistics)."""
+    table = torch.export.default_decompositions()
+    if granularity == "decomposed":
+        aten = torch.ops.aten
+        # torch._decomp's table is how torch.export's own docs extend the default one;
+        # no public API names these decompositions.
+        table.update(get_decompositions([
+            aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit,
+            aten._native_batch_norm_legit_no_training, aten.native_batch_norm,
+            aten.native_layer_norm]))
+    return table
 
 
 #: What torch.export raises for a model it cannot capture.
@@ -145,6 +168,7 @@ def _loss_module(gm: fx.GraphModule, name: str) -> fx.GraphModule:
         output.args = (flat[0],)
     _out_of_place(graph)
     _snapshot_mutated_buffers(graph)
+    _detach_buffer_writes(graph)
     graph.set_codegen(fx.graph.CodeGen())
     graph.lint()
     return fx.GraphModule(gm, graph, name)
@@ -192,6 +216,19 @@ def _snapshot_mutated_buffers(graph: fx.Graph) -> None:
             snapshot = graph.call_function(torch.ops.aten.clone.default, (buffer,))
         for reader in readers:
             reader.replace_input_with(buffer, snapshot)
+
+
+def _detach_buffer_writes(graph: fx.Graph) -> None:
+    """A buffer written from an activation's statistics (a decomposed batch norm's
+    running mean is arithmetic on the batch's mean) would become a non-leaf tensor of
+    the autograd graph, holding the step's graph alive and refusing a deepcopy; a
+    buffer never takes a gradient, so what is written into it is detached first."""
+    for node in list(graph.nodes):
+        if aten_name(node) != "copy_" or node.args[0].op != "get_attr":
+            continue
+        with graph.inserting_before(node):
+            detached = graph.call_function(torch.ops.aten.detach.default, (node.args[1],))
+        node.replace_input_with(node.args[1], detached)
 
 
 def layer_calls(gm: fx.GraphModule, root: nn.Module) -> dict[str, Unit]:

@@ -368,7 +368,7 @@ def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
         unit = units.get(n.name)
         if unit is not None and unit[0] in unit_op and unit_op[unit[0]] >= latest:
             group[n.name] = unit_op[unit[0]]
-        elif producer_ops and (not n.users or n.target is operator.getitem):
+        elif producer_ops and (not n.users or n.target in _NOT_OPERATORS):
             # Not an operator of its own: no op, and no layer call, starts here.
             group[n.name] = latest
             continue
@@ -397,6 +397,11 @@ def partition(gm: fx.GraphModule, *, units: Mapping[str, Unit] | None = None,
                         "parameters: make forward(*batch) return the scalar loss")
     return _assemble(gm, nodes, placeholders, tuple(prologue), group, anchors, params,
                      loss_node.name, units)
+
+
+#: Nodes that select or detach a producer's value (the detach before a buffer's
+#: update: capture.py `_detach_buffer_writes`) and compute nothing.
+_NOT_OPERATORS = (operator.getitem, torch.ops.aten.detach.default)
 
 
 def _writes(n: fx.Node) -> bool:

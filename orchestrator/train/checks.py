@@ -46,9 +46,11 @@ def check_plan(worker_plan: Plan, cfg: TrainConfig, spec: ModelSpec, plan_file: 
         raise UserError(f"{plan_file} is a plan of graph {worker_plan.graph_name!r}, not of "
                         f"{graph!r}: profile and plan this model (orchestrator profile, "
                         "then orchestrator plan), or leave --plan out")
-    part, _ = partition(cfg.model, preset=cfg.preset, device="meta", seed=cfg.seed)
+    granularity = worker_plan.granularity
+    part, _ = partition(cfg.model, preset=cfg.preset, device="meta", seed=cfg.seed,
+                        granularity=granularity)
     if sorted(worker_plan.assignment) != [op.id for op in part.ops]:
         raise UserError(f"{plan_file} places {len(worker_plan.assignment)} op(s) but "
-                        f"{graph} traces to {len(part.ops)}: plan the graph that "
-                        "orchestrator profile writes for this model and preset, or leave "
-                        "--plan out")
+                        f"{graph} traces to {len(part.ops)} at --granularity {granularity}: "
+                        "plan the graph that orchestrator profile writes for this model, "
+                        "preset and granularity, or leave --plan out")

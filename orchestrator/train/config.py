@@ -18,6 +18,10 @@ class TrainConfig:
     """A model name of orchestrator.models (biglstm, gnmt, inception_v3, vgg16), or
     MODULE:FUNCTION of a model of your own (importable on every worker)."""
     preset: str = "tiny"
+    granularity: str = "module"
+    """What one op is when the run plans its worker itself (`orchestrator profile
+    --granularity`); a given plan brings its own (`Plan.granularity`), which the
+    workers cut the model by."""
     dp_degree: int = 1
     """Workers (data-parallel replicas)."""
     mp_degree: int = 1
@@ -59,6 +63,11 @@ class TrainConfig:
                     f"global batch {self.global_batch} does not split into {self.dp_degree} "
                     f"workers x {self.num_micro_batches} micro-batches: use a multiple of "
                     f"{self.dp_degree * self.num_micro_batches}")
+        from orchestrator.profile.capture import GRANULARITIES
+
+        if self.granularity not in GRANULARITIES:
+            raise UserError(f"--granularity {self.granularity!r}: choose one of "
+                            f"{', '.join(GRANULARITIES)}")
         if self.lr <= 0:
             raise UserError(f"--lr {self.lr}: must be > 0")
         for step, mode in self.inject_failures:

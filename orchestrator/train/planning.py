@@ -35,7 +35,7 @@ def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
     from orchestrator.profile import profile_model
 
     return profile_model(cfg.model, preset=cfg.preset, target="cpu",
-                         batch=micro_batch_size(cfg))
+                         batch=micro_batch_size(cfg), granularity=cfg.granularity)
 
 
 def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,

@@ -232,7 +232,7 @@ def preset_for(types: Sequence[NodeType] | None, nodes: Sequence[NodeResources])
 
 
 def profile_on_gpu_worker(model: str, *, preset_name: str, batch: int, target: str,
-                          timeout_s: float = GPU_WAIT_S):
+                          granularity: str = "module", timeout_s: float = GPU_WAIT_S):
     """The model's graph profiled on a GPU of the cluster (a Ray task holding one GPU,
     timing with CUDA events), not on the head, which has none. A node whose torch has
     no CUDA fails with one line naming it."""
@@ -249,7 +249,7 @@ def profile_on_gpu_worker(model: str, *, preset_name: str, batch: int, target: s
                 f"torch {torch.__version__} there has no CUDA: install a CUDA build of "
                 "torch on the GPU nodes (cluster.yaml's setup_commands)")
         return profile_model(model, preset=preset_name, batch=batch, target=target,
-                             device="cuda")
+                             device="cuda", granularity=granularity)
 
     task = ray.remote(num_gpus=1, max_retries=0)(run)
     with user_errors_raised(ray.exceptions.RayTaskError):
@@ -267,6 +267,7 @@ def plan_on_gpus(cfg: TrainConfig, *, solver: str, time_limit_s: float) -> Plan:
         acquire(plan_worker_request(types, cfg.dp_degree, cfg.mp_degree))
     cluster = preset(preset_for(types, cluster_nodes()))
     micro = profile_on_gpu_worker(cfg.model, preset_name=cfg.preset,
-                                  batch=micro_batch_size(cfg), target=cluster.device.name)
+                                  batch=micro_batch_size(cfg), target=cluster.device.name,
+                                  granularity=cfg.granularity)
     return plan_worker(cfg, solver=solver, time_limit_s=time_limit_s, micro=micro,
                        cluster=cluster)

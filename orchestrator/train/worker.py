@@ -131,7 +131,8 @@ class HybridWorker:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.devices = worker_devices(cfg)
-        part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed)
+        part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed,
+                               granularity=plan.granularity)
         self.model = spec.module
         op_part = OpPartition(part.module, {op.id: op.nodes for op in part.ops})
         # Parameters reach their devices before DDP, the buckets and the optimizer

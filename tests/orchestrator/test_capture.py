@@ -239,13 +239,27 @@ def residual(preset: str = "tiny") -> ModelSpec:
                      batch=BATCH)
 
 
-@pytest.mark.parametrize("granularity", ["aten", "core-aten"])
+@pytest.mark.parametrize("granularity", ["aten", "core-aten", "decomposed"])
 def test_in_place_writes_and_running_statistics_survive_operator_granularity(granularity):
     model = "tests.orchestrator.test_capture:residual"
     graph = profiled(model, granularity)
     assert graph.metadata["capture"] == "export"
     spec = build(model)
     assert_trains_like_one_device(model, graph, spec, granularity=granularity)
+
+
+def test_decomposed_granularity_splits_batch_norm_into_its_arithmetic():
+    """Core ATen keeps each training-mode batch norm one operator; `decomposed` cuts it
+    into its statistics and arithmetic, which the executor runs like any other ops
+    (the test above trains it)."""
+    model = "tests.orchestrator.test_capture:residual"
+    core, _ = partition(model, granularity="core-aten")
+    fine, _ = partition(model, granularity="decomposed")
+    operators = lambda part: {aten_name(part.nodes[op.nodes[0]]) for op in part.ops}  # noqa: E731
+    assert "_native_batch_norm_legit_functional" in operators(core)
+    assert not any("batch_norm" in name for name in operators(fine))
+    assert {"var_mean", "rsqrt"} <= operators(fine)
+    assert len(fine.ops) >= len(core.ops) + 2 * 5
 
 
 def test_an_unknown_granularity_is_one_line_before_building_anything(tmp_path, capsys):
@@ -255,4 +269,4 @@ def test_an_unknown_granularity_is_one_line_before_building_anything(tmp_path, c
                  "--quiet", "--out", str(tmp_path / "g.json")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "--granularity 'ops': choose one of module, aten, core-aten" in err
+    assert "--granularity 'ops': choose one of module, aten, core-aten, decomposed" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
+from orchestrator.job_args import parse_args
 from orchestrator.pipeline import main
 from orchestrator.train.job import Projection
 from orchestrator.train.noise_scale import NoiseScaleEstimator
@@ -27,6 +28,8 @@ MODELS = "tests.orchestrator.user_models"
     (None, ["--model", "gnmt", "--data", "/no/such/wmt16"], "argument --data: /no/such/wmt16: no such directory"),
     (None, ["--model", f"{MODELS}:mlp", "--batch-size", "0"], "--batch-size 0: must be >= 1"),
     ("biglstm", ["--model", "gnmt"], "unrecognized arguments: --model gnmt"),
+    (None, ["--model", f"{MODELS}:mlp", "--granularity", "ops"],
+     "argument --granularity: invalid choice: 'ops'"),
 ])
 def test_bad_input_is_one_line_and_status_2_before_ray_starts(model, argv, message,
                                                                tmp_path, capsys):
@@ -39,6 +42,11 @@ def test_bad_input_is_one_line_and_status_2_before_ray_starts(model, argv, messa
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("jobs/x.py: error: ") and message in err
     assert not ray.is_initialized()
+
+
+def test_the_granularity_flag_reaches_the_job_arguments():
+    assert parse_args(["--model", "gnmt", "--granularity", "aten"]).granularity == "aten"
+    assert parse_args(["--model", "gnmt"]).granularity == "module"
 
 
 def test_a_storage_that_holds_a_sweep_needs_resume(tmp_path, capsys):

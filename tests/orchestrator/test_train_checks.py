@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import ray
 
@@ -17,6 +20,16 @@ def mlp_plan(tmp_path_factory):
     path = tmp_path_factory.mktemp("plans") / "plan_mp2.json"
     plan_worker(TrainConfig(model=MLP, mp_degree=2, num_micro_batches=2,
                             global_batch=8)).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def relabelled_plan(mlp_plan, tmp_path_factory):
+    """The module-granularity plan claiming to place ATen operators: its op ids are
+    not the model's at that granularity."""
+    path = tmp_path_factory.mktemp("plans") / "plan_mp2_aten.json"
+    path.write_text(json.dumps({**json.loads(Path(mlp_plan).read_text()),
+                                "granularity": "aten"}))
     return str(path)
 
 
@@ -38,10 +51,16 @@ def mlp_plan(tmp_path_factory):
      "is a plan of graph 'mlp-tiny', not of 'biglstm-tiny'"),
     (["--model", "tests.orchestrator.user_models:mlp_shallow", "--plan", "{plan}", "--mp",
       "2", "--micro-batches", "2"], "op(s) but mlp-tiny traces to"),
+    (["--model", MLP, "--plan", "{plan}", "--mp", "2", "--micro-batches", "2",
+      "--granularity", "aten"], "--plan places ops of --granularity module, not aten"),
+    (["--model", MLP, "--plan", "{aten_plan}", "--mp", "2", "--micro-batches", "2"],
+     "places 4 op(s) but mlp-tiny traces to 6 at --granularity aten"),
+    (["--model", MLP, "--granularity", "ops"], "argument --granularity: invalid choice"),
 ])
 def test_bad_input_is_one_line_and_status_2_before_ray_starts(argv, message, mlp_plan,
-                                                               capsys, tmp_path):
-    argv = [a.format(plan=mlp_plan) for a in argv]
+                                                               relabelled_plan, capsys,
+                                                               tmp_path):
+    argv = [a.format(plan=mlp_plan, aten_plan=relabelled_plan) for a in argv]
     try:
         code = main(["train", *argv, "--steps", "2", "--storage", str(tmp_path)])
     except SystemExit as exit_:  # a flag refused while argparse parses it

@@ -24,7 +24,7 @@ _PROFILES: dict = {}
 def _profile(cfg: TrainConfig):
     """One profile per model and micro-batch for the whole module (plans made from it
     differ by degree and micro-batch count; profiling is most of these tests' time)."""
-    key = (cfg.model, cfg.preset, micro_batch_size(cfg))
+    key = (cfg.model, cfg.preset, micro_batch_size(cfg), cfg.granularity)
     if key not in _PROFILES:
         _PROFILES[key] = profile_micro_batch(cfg)
     return _PROFILES[key]
@@ -96,6 +96,30 @@ def test_a_transformers_model_of_ones_own_trains_split_like_one_device(tmp_path)
     assert set(split.assignment.values()) == {0, 1}
     single = run_local(single_cfg, tmp_path)
     hybrid = run_local(split_cfg, tmp_path, plan=split)
+    assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    for name, value in single["final_params"].items():
+        np.testing.assert_allclose(hybrid["final_params"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_plan_of_aten_operators_trains_split_like_one_device(tmp_path):
+    """A plan of a graph of ATen operators (a transformers BERT: one op per operator,
+    59 ops against 26 layer calls): the worker cuts the model at the plan's
+    granularity (its executor refuses op ids its own cut lacks), and two devices
+    train it as one device runs the layer-level plan."""
+    pytest.importorskip("transformers")
+    single_cfg = TrainConfig(model="tests.orchestrator.hf_models:bert", steps=3,
+                             global_batch=8)
+    split_cfg = dataclasses.replace(single_cfg, mp_degree=2, num_micro_batches=2,
+                                    granularity="aten")
+    graph = _profile(split_cfg)
+    split = plan(graph, preset("cpu"),
+                 PlanConfig(num_devices=2, num_micro_batches=2, objective="max-load"))
+    assert split.granularity == "aten"
+    assert all(sum(device == d for device in split.assignment.values()) > 10
+               for d in (0, 1))
+    single = run_local(single_cfg, tmp_path)
+    hybrid = run_local(split_cfg, tmp_path, plan=split)
+    assert single["losses"][-1] < single["losses"][0]
     assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
     for name, value in single["final_params"].items():
         np.testing.assert_allclose(hybrid["final_params"][name], value, rtol=1e-5, atol=1e-6)

@@ -44,3 +44,24 @@ def test_a_data_error_in_a_worker_is_one_line_and_status_2(local_ray, tmp_path, 
     assert err.strip() == ("orchestrator train: error: the model's data function ended "
                            "before step 3: yield a batch for every step (cycle over the "
                            "epochs)")
+
+
+def test_train_runs_a_plan_of_aten_operators_made_by_profile_and_plan(local_ray, tmp_path,
+                                                                      capsys):
+    """The user's path at operator granularity: profile --granularity aten, plan on two
+    devices, train --plan; the workers cut the model as the plan's graph was cut."""
+    model, graph, plan_file = f"{MODELS}:mlp", tmp_path / "graph.json", tmp_path / "plan.json"
+    assert main(["profile", "--model", model, "--granularity", "aten", "--repeats", "1",
+                 "--out", str(graph)]) == 0
+    assert main(["plan", "--graph", str(graph), "--devices", "2", "--micro-batches", "2",
+                 "--objective", "max-load", "--out", str(plan_file)]) == 0
+    placed = json.loads(plan_file.read_text())
+    assert placed["granularity"] == "aten" and set(placed["assignment"].values()) == {0, 1}
+    capsys.readouterr()
+    code = main(["train", "--model", model, "--plan", str(plan_file), "--mp", "2",
+                 "--micro-batches", "2", "--global-batch", "8", "--steps", "2",
+                 "--storage", str(tmp_path / "run"), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    single = run_local(TrainConfig(model=model, global_batch=8, steps=2), tmp_path)
+    assert result["losses"] == pytest.approx(single["losses"], rel=1e-5)

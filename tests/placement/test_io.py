@@ -1,10 +1,15 @@
+import dataclasses
 import json
 
 import pytest
 
+from placement.cluster import preset
 from placement.graph import GraphError
 from placement.io import graph_to_dict, load_graph, save_graph
+from placement.plan import load_plan
+from placement.planner import PlanConfig, plan
 from tests.conftest import REPO
+from tests.placement.helpers import chain_graph
 
 
 def test_round_trip_of_our_format(tmp_path):
@@ -50,3 +55,15 @@ def test_malformed_files_name_the_problem(tmp_path, text, message):
 def test_missing_file():
     with pytest.raises(GraphError, match="no such graph file"):
         load_graph("/nonexistent/graph.json")
+
+
+@pytest.mark.parametrize("metadata, granularity", [({"granularity": "aten"}, "aten"),
+                                                   ({}, "module")])
+def test_a_plan_names_its_graphs_granularity_through_its_file(tmp_path, metadata,
+                                                              granularity):
+    """The worker cuts the model at the plan's granularity: it must survive the file
+    (a graph that names none, such as a peer graph, is of layers)."""
+    graph = dataclasses.replace(chain_graph([1.0, 2.0, 1.0]), metadata=metadata)
+    made = plan(graph, preset("cpu"), PlanConfig(num_devices=2, solver="heuristic"))
+    made.save(tmp_path / "plan.json")
+    assert made.granularity == load_plan(tmp_path / "plan.json").granularity == granularity
