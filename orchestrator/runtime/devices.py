@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.runtime.executor import OpPartition
@@ -63,7 +64,8 @@ def tensor_owners(partition: OpPartition) -> dict[str, int]:
 
 
 def place_module(partition: OpPartition, assignment: Mapping[int, int],
-                 devices: Sequence[torch.device]) -> dict[str, torch.device]:
+                 devices: Sequence[torch.device], *,
+                 owner: nn.Module | None = None) -> dict[str, torch.device]:
     """Move every parameter and buffer of the partition's module to the device of the
     op that owns it (device 0 for those no op uses); returns name -> device.
 
@@ -71,10 +73,18 @@ def place_module(partition: OpPartition, assignment: Mapping[int, int],
     (`Module._apply`, what `Module.to` runs), which keeps a parameter the same object
     where the devices allow it (CPU <-> GPU). Build the optimizer and DDP after this
     all the same: their state (momentum, buckets) is allocated where the parameters
-    are when they are built or first used."""
+    are when they are built or first used.
+
+    `owner`: the module the partition was captured from, when the two share tensors but
+    not modules (a torch.export capture). `_apply` puts a new tensor in place of every
+    moved buffer (and of a parameter it cannot move in place), so the owner's slots
+    are pointed at the moved tensors too: its state_dict (checkpoints, the final
+    parameters) and an optimizer built from its parameters then see what the executor
+    updates, not the stale host copies."""
     gm = partition.module
     owners = tensor_owners(partition)
     where: dict[str, torch.device] = {}
+    replaced: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for module_name, module in gm.named_modules():
         prefix = f"{module_name}." if module_name else ""
         own = [prefix + n for n, _ in [*module.named_parameters(recurse=False),
@@ -85,9 +95,25 @@ def place_module(partition: OpPartition, assignment: Mapping[int, int],
         # Ops sharing a tensor share a colocation group: one device per module.
         assert len(placed) <= 1, (module_name, placed)
         device = placed.pop() if placed else devices[0]
+        before = _own_tensors(module)
         module._apply(lambda t, device=device: t.to(device), recurse=False)
+        for slot, tensor in _own_tensors(module).items():
+            if tensor is not before[slot]:
+                replaced[id(before[slot])] = (before[slot], tensor)
         where.update((n, device) for n in own)
+    if owner is not None and replaced:
+        for module in owner.modules():
+            for table in (module._parameters, module._buffers):
+                for name, tensor in table.items():
+                    old, new = replaced.get(id(tensor), (None, None))
+                    if old is tensor:
+                        table[name] = new
     return where
+
+
+def _own_tensors(module: nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+    return {**{("p", n): t for n, t in module._parameters.items() if t is not None},
+            **{("b", n): t for n, t in module._buffers.items() if t is not None}}
 
 
 def ddp_device_ids(device: torch.device) -> list[torch.device] | None:

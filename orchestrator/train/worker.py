@@ -137,7 +137,7 @@ class HybridWorker:
         op_part = OpPartition(part.module, {op.id: op.nodes for op in part.ops})
         # Parameters reach their devices before DDP, the buckets and the optimizer
         # are built from them.
-        place_module(op_part, plan.assignment, self.devices)
+        place_module(op_part, plan.assignment, self.devices, owner=self.model)
         self.executor = PlanExecutor(
             op_part, plan.assignment, plan.order, self.devices,
             num_micro_batches=cfg.num_micro_batches,

@@ -114,3 +114,22 @@ def test_a_checkpoint_saved_on_a_gpu_resumes_where_that_gpu_is_absent(tmp_path):
         torch.load(path, weights_only=False)   # what a load without map_location does
     state = load_state(path)
     assert state["step"] == 4 and state["model"]["w"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_torch_export_capture_moves_the_users_tensors_too():
+    """torch.export's module shares the user's tensors but not its modules: what
+    `place_module` moves must be what the user's module (checkpoints, the optimizer)
+    holds, or a GPU run checkpoints running statistics that never change."""
+    from orchestrator.profile.capture import capture
+
+    model = Net()
+    captured = capture(model, (torch.randn(4, 4),), (True,), granularity="aten",
+                       name="net")
+    part = captured.partition()
+    op_part = OpPartition(part.module, {op.id: op.nodes for op in part.ops})
+    place_module(op_part, {op.id: 0 for op in part.ops}, [META], owner=model)
+    live = dict([*op_part.module.named_parameters(), *op_part.module.named_buffers()])
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        assert tensor.device == META, name
+        assert tensor is live[name], name
+    assert isinstance(model.head.weight, nn.Parameter)
