@@ -37,8 +37,9 @@ from placement.step_bound import heads_tails
 from placement.tasks import TaskGraph
 
 #: Most energy pairs (a, b) per device the model carries, the strongest by their static
-#: value (each is one row per device over the groups).
+#: value (each is one row per device over the groups), and most terms in all their rows.
 MAX_PAIRS = 400
+MAX_TERMS = 200_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,28 +90,40 @@ def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
     head, tail = heads_tails(tg)
     after = tail - tg.duration_s
     reach = _reach(tg)
-    n = tg.num_tasks
-    onehot = np.zeros((n, tg.num_groups))
-    onehot[np.arange(n), tg.group] = tg.duration_s
+    n, dur = tg.num_tasks, tg.duration_s
     # Rows: (a, -) per task, (-, b) per task, (a, b) for each op's forward and backward
     # (the fill before an op and the drain after its gradient), and (-, -), the busy time.
     forward = {t.op_id: i for i, t in enumerate(tg.tasks) if not t.backward}
-    pairs = ([(a, -1) for a in range(n)] + [(-1, b) for b in range(n)]
-             + [(forward[t.op_id], i) for i, t in enumerate(tg.tasks) if t.backward]
-             + [(-1, -1)])
-    inside = np.array([(reach[a] if a >= 0 else np.ones(n, bool))
-                       & (reach[:, b] if b >= 0 else np.ones(n, bool)) for a, b in pairs])
-    weights = inside.astype(float) @ onehot
-    static = (np.array([head[a] if a >= 0 else 0.0 for a, _ in pairs])
-              + np.array([after[b] if b >= 0 else 0.0 for _, b in pairs])
-              + K * weights.sum(axis=1) / k)
-    best = np.argsort(-static, kind="stable")[:MAX_PAIRS]
-    best = np.union1d(best, [len(pairs) - 1])
+    both = [(forward[t.op_id], i) for i, t in enumerate(tg.tasks) if t.backward]
+    pairs = [(a, -1) for a in range(n)] + [(-1, b) for b in range(n)] + both + [(-1, -1)]
+    # Each row's static value (its heads, tails and work spread over k devices) ranks
+    # it; only the kept rows get their per-group weights, so memory stays O(rows x n).
+    work = np.concatenate([reach @ dur, dur @ reach,
+                           [float(dur[reach[a] & reach[:, b]].sum()) for a, b in both],
+                           [float(dur.sum())]])
+    static = (np.concatenate([head, np.zeros(n), head[[a for a, _ in both]], [0.0]])
+              + np.concatenate([np.zeros(n), after, after[[b for _, b in both]], [0.0]])
+              + K * work / k)
+    busy = len(pairs) - 1
+    keep = np.argsort(-static, kind="stable")[:MAX_PAIRS]
+    if busy not in keep:
+        keep = np.append(keep, busy)
+    weights = np.zeros((len(keep), tg.num_groups))
+    for row, i in enumerate(keep.tolist()):
+        a, b = pairs[i]
+        inside = ((reach[a] if a >= 0 else np.ones(n, bool))
+                  & (reach[:, b] if b >= 0 else np.ones(n, bool)))
+        weights[row] = np.bincount(tg.group[inside], weights=dur[inside],
+                                   minlength=tg.num_groups)
+    # Bound the model's size too: a Pyomo build is not under the time limit.
+    terms = np.cumsum(np.count_nonzero(weights, axis=1)) * k
+    fits = terms <= MAX_TERMS
+    fits[keep == busy] = True
     return RelaxationData(
         tg=tg, num_micro_batches=K, num_devices=k, group_memory=problem.group_memory,
         memory_cap=problem.memory_cap, lower_bound=problem.lower_bound(), head=head,
-        tail=after, pairs=tuple(pairs[i] for i in best.tolist()), weights=weights[best],
-        scale=max(upper_bound, 1e-300) / 1000)
+        tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
+        weights=weights[fits], scale=max(upper_bound, 1e-300) / 1000)
 
 
 def build_relaxation(data: RelaxationData) -> pyo.ConcreteModel:
