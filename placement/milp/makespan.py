@@ -20,7 +20,11 @@ and kept when better, never thrown away for disagreeing with the solver's claim.
 
 Large graphs are solved on a coarse task graph (chain clusters, each cluster's tasks
 of one phase and micro-batch run back to back), then expanded and refined with local
-search under the exact list-schedule simulator.
+search under the exact list-schedule simulator. A coarse model's bound says nothing
+about the fine graph; with several micro-batches a relaxation without order decisions
+(`placement.milp.pipeline_bound`) gives one that sees fill, drain and transfers. Last,
+the MILP orders the tasks of the best placement found (`order_round`), which only the
+list schedule's upward ranks had ordered.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from placement.milp.incumbent import (
     worth_a_round,
 )
 from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
+from placement.milp.pipeline_bound import solve_relaxation
 from placement.refine import local_search
 from placement.simulate import (
     OrderError,
@@ -61,10 +66,16 @@ from placement.tasks import Task, TaskGraph
 #: graph is coarsened further (each pair is one binary and two big-M rows).
 MAX_PAIRS = 5000
 #: Shares of the time left that a fine or a coarse MILP round may use; local search
-#: on the fine graph gets the rest, and REFINE_SHARE before the round.
-FINE_SHARE = 0.85
+#: on the fine graph gets REFINE_SHARE before the round and ORDER_REFINE_SHARE of what
+#: is left after it, and the order round (the MILP on the best placement's order) the
+#: rest.
+FINE_SHARE = 0.6
 COARSE_SHARE = 0.6
 REFINE_SHARE = 0.2
+ORDER_REFINE_SHARE = 0.5
+#: Share of the time left that the step-time relaxation (`pipeline_bound`) may use
+#: when the step has several micro-batches, the case its fill and drain rows are for.
+RELAXATION_SHARE = 0.15
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,14 +98,19 @@ class MakespanData:
 
 def makespan_data(tg: TaskGraph, unit_of_group: np.ndarray, num_devices: int,
                   unit_memory: np.ndarray, memory_cap: float, upper_bound: float,
-                  lower_bound: float) -> MakespanData:
+                  lower_bound: float, *, same_unit_only: bool = False) -> MakespanData:
+    """`same_unit_only` keeps the order decisions within a unit: for a model whose
+    units are devices pinned apart (`order_round`)."""
     head, tail = heads_tails(tg)
+    unit_of_task = unit_of_group[tg.group]
+    pairs = order_pairs(tg, head, tail, upper_bound)
+    if same_unit_only:
+        pairs = tuple((i, j) for i, j in pairs if unit_of_task[i] == unit_of_task[j])
     return MakespanData(
-        tg=tg, num_devices=num_devices, unit_of_task=unit_of_group[tg.group],
+        tg=tg, num_devices=num_devices, unit_of_task=unit_of_task,
         num_units=int(unit_of_group.max()) + 1, unit_memory=unit_memory,
         memory_cap=memory_cap, upper_bound=upper_bound, lower_bound=lower_bound,
-        head=head, tail=tail, pairs=order_pairs(tg, head, tail, upper_bound),
-        scale=max(upper_bound, 1e-300) / 1000)
+        head=head, tail=tail, pairs=pairs, scale=max(upper_bound, 1e-300) / 1000)
 
 
 def order_pairs(tg: TaskGraph, head: np.ndarray, tail: np.ndarray,
@@ -336,13 +352,16 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
             f"the step-time MILP leaves out the x{tg.corun_slowdown:.3g} co-run slowdown "
             "of devices sharing a host: the simulator judges its plans, and its bound is "
             "that of the relaxation")
+    relaxed_bound = _relaxation_round(problem, backend, incumbent, deadline)
+    if incumbent.value - relaxed_bound <= problem.config.gap * incumbent.value:
+        return relaxed_bound, "optimal"
     incumbent.stage = "coarsening"
     clusters, label = _level(tg, k, problem, incumbent)
     if clusters == []:
         incumbent.notes.append(f"the step-time model is too large to solve ({label}, "
                                f"more than {MAX_PAIRS}): kept local search's plan")
         refine(1.0)
-        return -math.inf, "time_limit"
+        return relaxed_bound, "time_limit"
     if clusters is None:
         ctg, members = tg, [[t] for t in range(tg.num_tasks)]
         unit_of_group = np.arange(tg.num_groups)
@@ -356,8 +375,79 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
         bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
                                         unit_of_group, clusters, label, round_deadline)
     if status != "optimal":
-        refine(1.0)
-    return bound, status
+        refine(ORDER_REFINE_SHARE)
+        if worth_a_round(problem, deadline):
+            order_round(problem, backend, incumbent, deadline)
+    return max(bound, relaxed_bound), status
+
+
+def _relaxation_round(problem: Problem, backend: Backend, incumbent: Incumbent,
+                      deadline: float) -> float:
+    """The step-time relaxation's proven bound (-inf when it does not run); its
+    placement, list-scheduled, is offered as a plan."""
+    if problem.tg.num_micro_batches == 1 or not worth_a_round(problem, deadline):
+        return -math.inf
+    until = time.perf_counter() + RELAXATION_SHARE * (deadline - time.perf_counter())
+    relaxation = solve_relaxation(problem, backend, incumbent, until)
+    gd = relaxation.group_device
+    if gd is not None and placement_fits(problem, gd, incumbent, backend):
+        value = list_schedule(problem.tg, gd, problem.num_devices).step_time_s
+        incumbent.offer(gd, value, f"{backend.name} (step-time relaxation)")
+    return relaxation.bound
+
+
+def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
+                deadline: float) -> None:
+    """The second half of a decomposition: keep the incumbent's placement and let the
+    MILP choose each device's task order, which the list schedule fixes by upward
+    rank. With the units pinned to distinct devices only pairs on one device are order
+    decisions, a fraction of the full model's. Its bound holds for this placement
+    alone, so it proves nothing about the problem and is dropped."""
+    tg, k = problem.tg, problem.num_devices
+    placed = incumbent.source
+    schedule = (evaluate_order(tg, incumbent.group_device, incumbent.order)
+                if incumbent.order is not None
+                else list_schedule(tg, incumbent.group_device, k))
+    device = canonical_devices(incumbent.group_device)
+    num_used = int(device.max()) + 1
+    incumbent.stage = "model build (order)"
+    data = makespan_data(tg, device, k, np.bincount(device, weights=problem.group_memory,
+                                                    minlength=num_used),
+                         problem.memory_cap, incumbent.value, problem.lower_bound(),
+                         same_unit_only=True)
+    if len(data.pairs) > MAX_PAIRS:
+        incumbent.notes.append(f"the order model of the best placement has "
+                               f"{len(data.pairs)} order decisions (more than {MAX_PAIRS}): "
+                               "kept its list schedule")
+        return
+    model = build_makespan(data)
+    set_start(model, data, np.arange(num_used), schedule.start_s)
+    for u in model.U:
+        for d in model.D:
+            model.x[u, d].fix(float(u == d))
+    # The last step before the deadline: keep a margin for solvers that overrun their
+    # clock a little under load, and for packaging the plan.
+    left = deadline - time.perf_counter() - min(2.0, 0.1 * problem.config.time_limit_s)
+    if left < 0.5:
+        return
+    options = SolveOptions(time_limit_s=left, gap=problem.config.gap,
+                           threads=problem.config.threads,
+                           cutoff=incumbent.value / data.scale)
+    incumbent.stage = "solve (order)"
+    result = run_checked(backend, model, options, incumbent)
+    found = solution(model, data) if result.has_solution else None
+    if found is None:
+        return
+    unit_device, start = found
+    group_device = unit_device[device]
+    order = _expand_order(tg, [[t] for t in range(tg.num_tasks)], group_device[tg.group],
+                          start, k)
+    try:
+        value = evaluate_order(tg, group_device, order).step_time_s
+    except OrderError:
+        return
+    incumbent.offer(group_device, value, f"{backend.name} order on the {placed} placement",
+                    order)
 
 
 def _level(tg: TaskGraph, k: int, problem: Problem,

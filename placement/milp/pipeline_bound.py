@@ -1,0 +1,252 @@
+"""A step-time lower bound that charges a placement's pipeline fill, drain and transfers.
+
+The analytic and window bounds (`placement.step_bound`) hold for every placement at
+once, so they must allow the one that spreads every window's work evenly over the
+devices and sends nothing: with K micro-batches that is far below any real plan. This
+relaxation lets the solver choose the placement and charges, for that placement:
+
+  x[g,d]  group g on device d (binary), z[e] edge e crosses devices (>= x[u,d] - x[v,d]);
+  E[t]    a lower bound on task t's start: E[v] >= E[u] + p_u + c_e z_e;
+  Q[t]    a lower bound on the time after t's finish: Q[u] >= Q[v] + p_v + c_e z_e;
+  C >= E[t] + p_t for sinks (the critical path with the transfers this placement makes);
+  C >= E[a] + Q[b] + K sum_g w_g(a,b) x[g,d]   for chosen task pairs (a, b), devices d,
+where w_g(a,b) is the time of g's tasks that are a or follow it and are b or precede
+it, in one micro-batch. Every such task of every micro-batch runs after E[a] and ends
+by C - Q[b] (the micro-batches are copies with no edges between them, so a's copies
+all have a's earliest start, and b's copies its tail), and those on device d run one
+at a time there: energetic reasoning with heads and tails that see the placement. A
+pair (a, -) or (-, b) drops that side. No order decision is in the model, so it stays
+small enough to solve on the fine graph, and any bound the solver proves on it is a
+bound on the step time of every plan (the co-run slowdown only delays tasks further).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyomo.environ as pyo
+
+from placement.milp.backends import Backend, SolveOptions
+from placement.milp.incumbent import Incumbent, run_checked
+from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
+from placement.problem import Problem
+from placement.step_bound import heads_tails
+from placement.tasks import TaskGraph
+
+#: Most energy pairs (a, b) per device the model carries, the strongest by their static
+#: value (each is one row per device over the groups), and most terms in all their rows.
+MAX_PAIRS = 400
+MAX_TERMS = 200_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelaxationData:
+    tg: TaskGraph
+    """One micro-batch's tasks (the step's micro-batches are copies of it)."""
+    num_micro_batches: int
+    num_devices: int
+    group_memory: np.ndarray
+    memory_cap: float
+    lower_bound: float
+    head: np.ndarray
+    tail: np.ndarray
+    pairs: tuple[tuple[int, int], ...]
+    """(a, b) task pairs; -1 drops that side."""
+    weights: np.ndarray
+    """Per pair and group: w_g(a, b), one micro-batch's time."""
+    scale: float
+
+
+def one_micro_batch(tg: TaskGraph) -> TaskGraph:
+    """The tasks of micro-batch 0 (build_tasks lays the step out micro-batch by
+    micro-batch, each a copy of the first at the same times and transfers)."""
+    k = tg.num_micro_batches
+    n = tg.num_tasks // k
+    keep = tg.edge_src < n
+    assert (tg.edge_dst[keep] < n).all() and keep.sum() * k == len(tg.edge_src), (
+        "micro-batches are copies without edges between them")
+    return TaskGraph(graph=tg.graph, tasks=tg.tasks[:n], duration_s=tg.duration_s[:n],
+                     group=tg.group[:n], group_ops=tg.group_ops,
+                     edge_src=tg.edge_src[keep], edge_dst=tg.edge_dst[keep],
+                     edge_transfer_s=tg.edge_transfer_s[keep], send_s=tg.send_s[:n],
+                     num_micro_batches=1)
+
+
+def _reach(tg: TaskGraph) -> np.ndarray:
+    """reach[i, j]: i == j or a path leads from i to j."""
+    reach = np.eye(tg.num_tasks, dtype=bool)
+    for t in reversed(tg.topological_order):
+        for s, _ in tg.successors[t]:
+            reach[t] |= reach[s]
+    return reach
+
+
+def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
+    k, K = problem.num_devices, problem.tg.num_micro_batches
+    tg = one_micro_batch(problem.tg)
+    head, tail = heads_tails(tg)
+    after = tail - tg.duration_s
+    reach = _reach(tg)
+    n, dur = tg.num_tasks, tg.duration_s
+    # Rows: (a, -) per task, (-, b) per task, (a, b) for each op's forward and backward
+    # (the fill before an op and the drain after its gradient), and (-, -), the busy time.
+    forward = {t.op_id: i for i, t in enumerate(tg.tasks) if not t.backward}
+    both = [(forward[t.op_id], i) for i, t in enumerate(tg.tasks) if t.backward]
+    pairs = [(a, -1) for a in range(n)] + [(-1, b) for b in range(n)] + both + [(-1, -1)]
+    # Each row's static value (its heads, tails and work spread over k devices) ranks
+    # it; only the kept rows get their per-group weights, so memory stays O(rows x n).
+    work = np.concatenate([reach @ dur, dur @ reach,
+                           [float(dur[reach[a] & reach[:, b]].sum()) for a, b in both],
+                           [float(dur.sum())]])
+    static = (np.concatenate([head, np.zeros(n), head[[a for a, _ in both]], [0.0]])
+              + np.concatenate([np.zeros(n), after, after[[b for _, b in both]], [0.0]])
+              + K * work / k)
+    busy = len(pairs) - 1
+    keep = np.argsort(-static, kind="stable")[:MAX_PAIRS]
+    if busy not in keep:
+        keep = np.append(keep, busy)
+    weights = np.zeros((len(keep), tg.num_groups))
+    for row, i in enumerate(keep.tolist()):
+        a, b = pairs[i]
+        inside = ((reach[a] if a >= 0 else np.ones(n, bool))
+                  & (reach[:, b] if b >= 0 else np.ones(n, bool)))
+        weights[row] = np.bincount(tg.group[inside], weights=dur[inside],
+                                   minlength=tg.num_groups)
+    # Bound the model's size too: a Pyomo build is not under the time limit.
+    terms = np.cumsum(np.count_nonzero(weights, axis=1)) * k
+    fits = terms <= MAX_TERMS
+    fits[keep == busy] = True
+    return RelaxationData(
+        tg=tg, num_micro_batches=K, num_devices=k, group_memory=problem.group_memory,
+        memory_cap=problem.memory_cap, lower_bound=problem.lower_bound(), head=head,
+        tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
+        weights=weights[fits], scale=max(upper_bound, 1e-300) / 1000)
+
+
+def build_relaxation(data: RelaxationData) -> pyo.ConcreteModel:
+    tg, sc, K = data.tg, data.scale, data.num_micro_batches
+    dur = tg.duration_s / sc
+    m = pyo.ConcreteModel(name="step_time_relaxation")
+    m.T = pyo.Set(initialize=range(tg.num_tasks), doc="one micro-batch's tasks")
+    m.U = pyo.Set(initialize=range(tg.num_groups), doc="placement groups")
+    m.D = pyo.Set(initialize=range(data.num_devices), doc="devices")
+    crossing = [e for e in range(len(tg.edge_src)) if tg.edge_transfer_s[e] > 0
+                and tg.group[tg.edge_src[e]] != tg.group[tg.edge_dst[e]]]
+    m.E = pyo.Set(initialize=range(len(tg.edge_src)), doc="edges")
+    m.X = pyo.Set(initialize=crossing, doc="edges that may cross devices")
+    m.R = pyo.Set(initialize=range(len(data.pairs)), doc="energy pairs (a, b)")
+    m.memory = pyo.Param(m.U, initialize=dict(enumerate(data.group_memory.tolist())))
+    m.memory_cap = pyo.Param(initialize=data.memory_cap, mutable=True)
+
+    m.x = pyo.Var(m.U, m.D, within=pyo.Binary)
+    m.prefix = pyo.Var(m.U, m.D, bounds=(0, None))
+    m.z = pyo.Var(m.X, bounds=(0, 1))
+    m.start = pyo.Var(m.T, bounds=lambda m, t: (data.head[t] / sc, None))
+    m.after = pyo.Var(m.T, bounds=lambda m, t: (data.tail[t] / sc, None))
+    m.C = pyo.Var(bounds=(data.lower_bound / sc, None))
+
+    # sum_d x[g,d] = 1
+    m.assign = pyo.Constraint(m.U, rule=lambda m, g: sum(m.x[g, d] for d in m.D) == 1)
+
+    # z[e] >= x[g(u),d] - x[g(v),d]
+    def cross_rule(m, e, d):
+        return m.z[e] >= m.x[tg.group[tg.edge_src[e]], d] - m.x[tg.group[tg.edge_dst[e]], d]
+    m.cross = pyo.Constraint(m.X, m.D, rule=cross_rule)
+
+    def delay(m, e):
+        return float(tg.edge_transfer_s[e] / sc) * m.z[e] if e in m.X else 0
+
+    # E[v] >= E[u] + p_u + c_e z_e
+    def head_rule(m, e):
+        u, v = int(tg.edge_src[e]), int(tg.edge_dst[e])
+        return m.start[v] >= m.start[u] + float(dur[u]) + delay(m, e)
+    m.heads = pyo.Constraint(m.E, rule=head_rule)
+
+    # Q[u] >= Q[v] + p_v + c_e z_e
+    def tail_rule(m, e):
+        u, v = int(tg.edge_src[e]), int(tg.edge_dst[e])
+        return m.after[u] >= m.after[v] + float(dur[v]) + delay(m, e)
+    m.tails = pyo.Constraint(m.E, rule=tail_rule)
+
+    # C >= E[t] + p_t for sinks
+    def finish_rule(m, t):
+        if tg.successors[t]:
+            return pyo.Constraint.Skip
+        return m.C >= m.start[t] + float(dur[t])
+    m.finish = pyo.Constraint(m.T, rule=finish_rule)
+
+    # C >= E[a] + Q[b] + K sum_g w_g(a,b) x[g,d]
+    def energy_rule(m, r, d):
+        a, b = data.pairs[r]
+        w = data.weights[r] * K / sc
+        return m.C >= ((m.start[a] if a >= 0 else 0) + (m.after[b] if b >= 0 else 0)
+                       + sum(float(w[g]) * m.x[g, d] for g in np.flatnonzero(w).tolist()))
+    m.energy = pyo.Constraint(m.R, m.D, rule=energy_rule)
+
+    add_memory_and_symmetry(m)
+    m.objective = pyo.Objective(expr=m.C, sense=pyo.minimize)
+    return m
+
+
+def set_start(m: pyo.ConcreteModel, data: RelaxationData, group_device: np.ndarray) -> None:
+    """A placement as the warm start, with the heads and tails it implies."""
+    group_device = canonical_devices(group_device)
+    tg, sc = data.tg, data.scale
+    for g in m.U:
+        for d in m.D:
+            m.x[g, d].value = float(group_device[g] == d)
+    prefix = np.cumsum(np.eye(data.num_devices)[group_device], axis=0)
+    for g in m.U:
+        for d in m.D:
+            m.prefix[g, d].value = prefix[g, d]
+    dev = group_device[tg.group]
+    cross = dev[tg.edge_src] != dev[tg.edge_dst]
+    for e in m.X:
+        m.z[e].value = float(cross[e])
+    start = data.head.copy()
+    for t in tg.topological_order:
+        for s, c in tg.successors[t]:
+            start[s] = max(start[s], start[t] + tg.duration_s[t] + (c if dev[s] != dev[t] else 0))
+    after = data.tail.copy()
+    for t in reversed(tg.topological_order):
+        for s, c in tg.successors[t]:
+            after[t] = max(after[t], after[s] + tg.duration_s[s] + (c if dev[s] != dev[t] else 0))
+    for t in m.T:
+        m.start[t].value = start[t] / sc
+        m.after[t].value = after[t] / sc
+    values = [data.lower_bound / sc]
+    values += [(start[t] + tg.duration_s[t]) / sc for t in m.T if not tg.successors[t]]
+    K = data.num_micro_batches
+    for r, (a, b) in enumerate(data.pairs):
+        base = (start[a] if a >= 0 else 0.0) + (after[b] if b >= 0 else 0.0)
+        load = np.bincount(group_device, weights=data.weights[r], minlength=data.num_devices)
+        values.append((base + K * load.max()) / sc)
+    m.C.value = max(values)
+
+
+@dataclass(frozen=True)
+class RelaxationResult:
+    bound: float
+    """A proven lower bound on every plan's step time (-inf if none was proven)."""
+    group_device: np.ndarray | None
+    """The relaxation's best placement, a candidate plan."""
+
+
+def solve_relaxation(problem: Problem, backend: Backend, incumbent: Incumbent,
+                     deadline: float) -> RelaxationResult:
+    incumbent.stage = "model build (step-time relaxation)"
+    data = relaxation_data(problem, incumbent.value)
+    model = build_relaxation(data)
+    set_start(model, data, incumbent.group_device)
+    left = deadline - time.perf_counter()
+    if left < 0.5:
+        return RelaxationResult(-math.inf, None)
+    incumbent.stage = "solve (step-time relaxation)"
+    options = SolveOptions(time_limit_s=left, gap=problem.config.gap,
+                           threads=problem.config.threads)
+    result = run_checked(backend, model, options, incumbent)
+    group_device = unit_devices(model) if result.has_solution else None
+    return RelaxationResult(result.lower_bound * data.scale, group_device)

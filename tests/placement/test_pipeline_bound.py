@@ -1,0 +1,101 @@
+"""The step-time relaxation and the order round of the step-time MILP: the relaxation's
+bound never exceeds the brute-force optimum and beats the analytic and window bounds
+where a placement must pay fill, drain or transfers; the order round finds the best
+order of a placement whose list schedule is not."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.milp.backends import BACKENDS
+from placement.milp.incumbent import Incumbent
+from placement.milp.makespan import order_round
+from placement.milp.pipeline_bound import solve_relaxation
+from placement.milp.solve import solve_plan
+from placement.problem import best_heuristic
+from placement.simulate import list_schedule
+from placement.step_bound import step_time_bound
+from tests.placement.milp_cases import (
+    _search_order,
+    problem,
+    random_dag,
+    search_step_time,
+    training_dag,
+)
+
+
+def relaxation_bound(p, solver: str = "highs") -> float:
+    name, group_device, value = best_heuristic(p)
+    incumbent = Incumbent(group_device, value, name)
+    result = solve_relaxation(p, BACKENDS[solver], incumbent, time.perf_counter() + 20)
+    assert not incumbent.notes, incumbent.notes
+    return result.bound
+
+
+# Seeds whose brute force takes at most a few seconds (seed 8's takes 20 s, 11's minutes).
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5, 6, 7, 9, 10])
+def test_the_bound_is_at_most_the_brute_force_optimum(seed):
+    k = 2 + seed % 2
+    p = problem(training_dag(seed, 3 + seed % 3), k, "makespan", num_micro_batches=2)
+    assert relaxation_bound(p) <= search_step_time(p.tg, k) * (1 + 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), num_ops=st.integers(1, 12), k=st.integers(1, 4),
+       micro=st.integers(1, 3), colocate=st.booleans())
+def test_no_placement_beats_the_bound(seed, num_ops, k, micro, colocate):
+    p = problem(random_dag(seed, num_ops, colocate=colocate), k, "makespan",
+                num_micro_batches=micro)
+    group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
+    assert list_schedule(p.tg, group_device, k).step_time_s >= (
+        relaxation_bound(p) * (1 - 1e-6))
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc", "glpk"])
+def test_fill_and_drain_raise_the_bound_to_the_optimum(solver):
+    # Three ops with backward, two micro-batches, two devices: the window bound is 20;
+    # every placement either serialises the groups or pays a pipeline's fill, drain and
+    # transfers, and the optimum, 24.5, is what the relaxation proves.
+    p = problem(training_dag(6, 3), 2, "makespan", num_micro_batches=2)
+    assert step_time_bound(p.tg, 2) == pytest.approx(20.0)
+    assert search_step_time(p.tg, 2) == pytest.approx(24.5)
+    assert relaxation_bound(p, solver) == pytest.approx(24.5, rel=1e-6)
+
+
+def test_the_plan_reports_the_relaxation_bound():
+    p = problem(training_dag(6, 3), 2, "makespan", solver="highs", num_micro_batches=2)
+    plan = solve_plan(p, "highs")
+    assert plan.value == pytest.approx(24.5)
+    assert plan.lower_bound == pytest.approx(24.5, rel=1e-6)
+    assert plan.status == "optimal"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_order_round_finds_the_best_order_of_the_placement(seed):
+    # Placements found by search whose list schedule (upward rank) is not their best
+    # order; the brute force over orders gives that best.
+    p = problem(random_dag(seed, 7), 2, "makespan")
+    tg = p.tg
+    group_device = {0: [0, 0, 0, 0, 1, 1, 0], 1: [0, 0, 0, 0, 0, 0, 1],
+                    2: [0, 0, 0, 0, 0, 1, 1], 3: [0, 0, 0, 0, 0, 1, 0]}[seed]
+    group_device = np.array(group_device)
+    listed = list_schedule(tg, group_device, 2).step_time_s
+    position = np.empty(tg.num_tasks, dtype=np.int64)
+    position[list(tg.topological_order)] = np.arange(tg.num_tasks)
+    tail = np.zeros(tg.num_tasks)
+    for t in reversed(tg.topological_order):
+        tail[t] = tg.duration_s[t] + max((tail[s] for s, _ in tg.successors[t]),
+                                         default=0.0)
+    best = [np.inf]
+    _search_order(tg, tg.task_devices(group_device), 2, position, tail, best)
+    assert best[0] < listed - 1e-9
+    incumbent = Incumbent(group_device, listed, "listed")
+    order_round(p, BACKENDS["highs"], incumbent, time.perf_counter() + 10)
+    assert incumbent.value == pytest.approx(best[0])
+    assert incumbent.source == "highs order on the listed placement"
+    assert incumbent.order is not None
