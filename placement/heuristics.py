@@ -113,14 +113,14 @@ def group_sequence(tg: TaskGraph) -> list[int]:
 
 
 def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
-                     memory_cap: float) -> np.ndarray:
-    """The max-load-optimal split of the group sequence into at most `num_devices`
-    consecutive intervals, by dynamic programming over interval costs (PipeDream's
-    idea). An interval's max-load is its own: its work, the send cost of each of its
-    tasks with a successor outside, and the send cost of each outside task feeding it.
-    When no split fits `memory_cap`, the best split regardless of memory (the caller
-    drops a placement that breaks the cap)."""
-    seq = group_sequence(tg)
+                     memory_cap: float, seq: list[int] | None = None) -> np.ndarray:
+    """The max-load-optimal split of the group sequence (or `seq`, any order of all
+    groups) into at most `num_devices` consecutive intervals, by dynamic programming
+    over interval costs (PipeDream's idea). An interval's max-load is its own: its
+    work, the send cost of each of its tasks with a successor outside, and the send
+    cost of each outside task feeding it. When no split fits `memory_cap`, the best
+    split regardless of memory (the caller drops a placement that breaks the cap)."""
+    seq = group_sequence(tg) if seq is None else seq
     n = len(seq)
     cost = _interval_costs(tg, seq, group_memory, memory_cap,
                            work_limit=_balanced_upper_bound(tg, seq, num_devices,
@@ -135,7 +135,7 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
             i = int(np.argmin(candidates))
             best[c, j], cut[c, j] = candidates[i], i
     if not np.isfinite(best[num_devices, n]):
-        return contiguous_split(tg, num_devices, group_memory, np.inf)
+        return contiguous_split(tg, num_devices, group_memory, np.inf, seq)
     group_device = np.empty(tg.num_groups, dtype=np.int64)
     j, c = n, num_devices
     while j > 0:
