@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from placement.coarsen import chain_clusters
-from placement.heuristics import contiguous_split
+from placement.heuristics import rotated_splits
 from placement.ideal_dp import ideal_split, join_roots, joined_sequence, side_inputs
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
@@ -38,6 +38,10 @@ MAX_LOAD_FINE_GROUPS = 120
 COARSE_SHARE = 0.35
 #: Share of the time limit the ideal DP may use before the MILP rounds.
 IDEAL_DP_SHARE = 0.15
+#: Rotations of the group sequence the wrap-around contiguous split tries, and the
+#: share of the time limit it may use.
+ROTATIONS = 24
+ROTATION_SHARE = 0.1
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
 #: How a plan's source starts when a baseline placer (maybe refined) made it.
@@ -134,10 +138,11 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     root = join_roots(side_inputs(tg, problem.group_memory, problem.memory_cap))
     seq = joined_sequence(tg, root)
     _snap_side_inputs(incumbent, root, score)
-    split = contiguous_split(tg, k, problem.group_memory, problem.memory_cap, seq)
-    if np.bincount(split, weights=problem.group_memory,
-                   minlength=k).max() <= problem.memory_cap:
-        incumbent.offer(split, score(split)[0], "contiguous-dp (side inputs joined)")
+    split = rotated_splits(tg, k, problem.group_memory, problem.memory_cap, seq,
+                           ROTATIONS, time.perf_counter() + ROTATION_SHARE * max(
+                               0.0, deadline - time.perf_counter()))
+    if split is not None:
+        incumbent.offer(*split, "contiguous-dp (side inputs joined, rotated)")
     # The optimum over contiguous splits: the MILP starts from it, so never loses to it.
     ideal = ideal_split(tg, k, problem.group_memory, problem.memory_cap,
                         upper=incumbent.value,
