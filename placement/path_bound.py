@@ -1,17 +1,17 @@
-"""A max-load lower bound that charges the transfers a split cannot avoid.
+"""Max-load lower bounds that charge the transfers a split cannot avoid.
 
 A device's max-load is its work plus the cost of every sender *cut* by its set S of
 groups (a sender's tasks in S with a successor outside, or outside with a successor
 in S: `simulate.device_loads`). The LP relaxation of the MILP only sees total work / k,
 which on operator graphs whose transfers outweigh their work is far below any plan.
 
-Take a path g_1 .. g_n of groups in which each consecutive pair shares senders, each
-sender charged to one pair only, c_i the cost of the senders of pair (g_i, g_(i+1)).
-In any placement, cut the path into segments (maximal runs on one device): a
-segment's device pays its work and, for each end pair that crosses, c_i (those
-senders are cut, and both end devices pay them). So with every load at most L, every
-segment costs at most L, and the k loads sum to at least the total work W plus twice
-the c_i of every crossing pair:
+The path cut bound: take a path g_1 .. g_n of groups in which each consecutive pair
+shares senders, each sender charged to one pair only, c_i the cost of the senders of
+pair (g_i, g_(i+1)). In any placement, cut the path into segments (maximal runs on one
+device): a segment's device pays its work and, for each end pair that crosses, c_i
+(those senders are cut, and both end devices pay them). So with every load at most L,
+every segment costs at most L, and the k loads sum to at least the total work W plus
+twice the c_i of every crossing pair:
 
     k L >= W + T(L),   T(L) = least 2 * sum of crossing c_i over the path's
                               segmentations whose segments all cost at most L.
@@ -19,12 +19,16 @@ the c_i of every crossing pair:
 T is non-increasing in L, so the least L that passes is found by bisection, and T(L)
 is a dynamic program over the path. Hand-written: this is a bound of the model's own
 load function, which no solver or graph library computes.
+
+The heavy group bound: the device holding group u has load work(S) + cut(S), at
+least the least such value over every S holding u, a minimum s-t cut.
 """
 
 from __future__ import annotations
 
 import math
 
+import networkx as nx
 import numpy as np
 
 from placement.coarsen import group_graph
@@ -33,6 +37,8 @@ from placement.tasks import TaskGraph
 
 #: Bisection steps: the bound is then within 2^-40 of the least L that passes.
 BISECTION_STEPS = 40
+#: Groups (the heaviest) whose own device's least load `heavy_group_bound` computes.
+HEAVY_GROUPS = 3
 #: Relative slack on the feasibility checks, so rounding never rejects a real plan.
 SLACK = 1e-9
 
@@ -110,3 +116,29 @@ def crossing_cost(work: np.ndarray, costs: np.ndarray, bound: float) -> float:
         if fits.any():
             best[j] = float(best[starts[fits]].min()) + 2 * right
     return float(best[n])
+
+
+def heavy_group_bound(tg: TaskGraph, num_groups: int = HEAVY_GROUPS) -> float:
+    """A proven lower bound from the heaviest groups' own devices: the device holding
+    group u has load work(S) + cut(S) for its set S of groups, so at least the least
+    such value over all S holding u. That minimum is a minimum s-t cut (u the source;
+    every other group v pays its work on an arc to the sink; each sender a hyperedge
+    by Lawler's gadget, its cost on the middle arc), solved by networkx."""
+    senders = merged_senders(tg, np.arange(tg.num_groups))
+    work = tg.group_work_s
+    graph = nx.DiGraph()
+    for v in range(tg.num_groups):
+        graph.add_edge(v, "sink", capacity=float(work[v]))
+    for s, (unit, targets, cost) in enumerate(zip(senders.unit.tolist(), senders.targets,
+                                                  senders.cost.tolist())):
+        graph.add_edge(("in", s), ("out", s), capacity=cost)
+        for v in (unit, *targets):
+            graph.add_edge(v, ("in", s))  # no capacity: never cut
+            graph.add_edge(("out", s), v)
+    best = 0.0
+    for u in np.argsort(-work)[:num_groups].tolist():
+        graph.remove_edge(u, "sink")
+        cut, _ = nx.minimum_cut(graph, u, "sink")
+        graph.add_edge(u, "sink", capacity=float(work[u]))
+        best = max(best, float(work[u]) + cut)
+    return best

@@ -18,7 +18,7 @@ from placement.ideal_dp import ideal_split, join_roots, joined_sequence, side_in
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
-from placement.path_bound import path_cut_bound
+from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.milp.incumbent import (
     Incumbent,
     believable,
@@ -153,8 +153,9 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
     _snap_side_inputs(incumbent, root, score)
-    incumbent.stage = "path cut bound"
-    known = path_cut_bound(tg, k, problem.lower_bound(), incumbent.value)
+    incumbent.stage = "transfer bounds"
+    known = path_cut_bound(tg, k, max(problem.lower_bound(), heavy_group_bound(tg)),
+                           incumbent.value)
     members: dict[int, list[int]] = {}
     for g in seq:
         members.setdefault(int(root[g]), []).append(g)
