@@ -118,14 +118,24 @@ def crossing_cost(work: np.ndarray, costs: np.ndarray, bound: float) -> float:
     return float(best[n])
 
 
-def heavy_group_bound(tg: TaskGraph, num_groups: int = HEAVY_GROUPS) -> float:
-    """A proven lower bound from the heaviest groups' own devices: the device holding
-    group u has load work(S) + cut(S) for its set S of groups, so at least the least
-    such value over all S holding u. That minimum is a minimum s-t cut (u the source;
-    every other group v pays its work on an arc to the sink; each sender a hyperedge
-    by Lawler's gadget, its cost on the middle arc), solved by networkx."""
+def heavy_group_bound(tg: TaskGraph, lower: float,
+                      num_groups: int = HEAVY_GROUPS) -> float:
+    """A proven lower bound from the heaviest groups' own devices, at least `lower`:
+    the device holding group u has load work(S) + cut(S) for its set S of groups, so
+    at least the least such value over all S holding u. That minimum is a minimum s-t
+    cut (u the source; every other group v pays its work on an arc to the sink; each
+    sender a hyperedge by Lawler's gadget, its cost on the middle arc), solved by
+    networkx. A group alone, S = {u}, caps it: groups whose cap is at most `lower`
+    are skipped (on most graphs all are, and no cut is computed)."""
     senders = merged_senders(tg, np.arange(tg.num_groups))
     work = tg.group_work_s
+    alone = work.copy()
+    for unit, targets, cost in zip(senders.unit.tolist(), senders.targets,
+                                   senders.cost.tolist()):
+        alone[[unit, *targets]] += cost
+    candidates = [u for u in np.argsort(-work)[:num_groups].tolist() if alone[u] > lower]
+    if not candidates:
+        return lower
     graph = nx.DiGraph()
     for v in range(tg.num_groups):
         graph.add_edge(v, "sink", capacity=float(work[v]))
@@ -135,8 +145,8 @@ def heavy_group_bound(tg: TaskGraph, num_groups: int = HEAVY_GROUPS) -> float:
         for v in (unit, *targets):
             graph.add_edge(v, ("in", s))  # no capacity: never cut
             graph.add_edge(("out", s), v)
-    best = 0.0
-    for u in np.argsort(-work)[:num_groups].tolist():
+    best = lower
+    for u in candidates:
         graph.remove_edge(u, "sink")
         cut, _ = nx.minimum_cut(graph, u, "sink")
         graph.add_edge(u, "sink", capacity=float(work[u]))

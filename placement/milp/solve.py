@@ -154,7 +154,7 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     refine(incumbent.source, REFINE_SHARE)
     _snap_side_inputs(incumbent, root, score)
     incumbent.stage = "transfer bounds"
-    known = path_cut_bound(tg, k, max(problem.lower_bound(), heavy_group_bound(tg)),
+    known = path_cut_bound(tg, k, heavy_group_bound(tg, problem.lower_bound()),
                            incumbent.value)
     members: dict[int, list[int]] = {}
     for g in seq:

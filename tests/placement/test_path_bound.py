@@ -47,7 +47,7 @@ def test_tight_where_the_transfers_decide_the_split(works, costs, k):
 
 
 def _heavy(p) -> float:
-    return heavy_group_bound(p.tg)
+    return heavy_group_bound(p.tg, 0.0)
 
 
 @pytest.mark.parametrize("seed", range(40))
