@@ -5,6 +5,8 @@ Each returns a per-group device array; `placement.planner` turns it into a full 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from placement.simulate import DeviceTimeline, max_load, priority_order, upward_rank
@@ -113,14 +115,14 @@ def group_sequence(tg: TaskGraph) -> list[int]:
 
 
 def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
-                     memory_cap: float) -> np.ndarray:
-    """The max-load-optimal split of the group sequence into at most `num_devices`
-    consecutive intervals, by dynamic programming over interval costs (PipeDream's
-    idea). An interval's max-load is its own: its work, the send cost of each of its
-    tasks with a successor outside, and the send cost of each outside task feeding it.
-    When no split fits `memory_cap`, the best split regardless of memory (the caller
-    drops a placement that breaks the cap)."""
-    seq = group_sequence(tg)
+                     memory_cap: float, seq: list[int] | None = None) -> np.ndarray:
+    """The max-load-optimal split of the group sequence (or `seq`, any order of all
+    groups) into at most `num_devices` consecutive intervals, by dynamic programming
+    over interval costs (PipeDream's idea). An interval's max-load is its own: its
+    work, the send cost of each of its tasks with a successor outside, and the send
+    cost of each outside task feeding it. When no split fits `memory_cap`, the best
+    split regardless of memory (the caller drops a placement that breaks the cap)."""
+    seq = group_sequence(tg) if seq is None else seq
     n = len(seq)
     cost = _interval_costs(tg, seq, group_memory, memory_cap,
                            work_limit=_balanced_upper_bound(tg, seq, num_devices,
@@ -135,7 +137,7 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
             i = int(np.argmin(candidates))
             best[c, j], cut[c, j] = candidates[i], i
     if not np.isfinite(best[num_devices, n]):
-        return contiguous_split(tg, num_devices, group_memory, np.inf)
+        return contiguous_split(tg, num_devices, group_memory, np.inf, seq)
     group_device = np.empty(tg.num_groups, dtype=np.int64)
     j, c = n, num_devices
     while j > 0:
@@ -146,6 +148,30 @@ def contiguous_split(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
     # Intervals were filled from the last device backwards; renumber so the first
     # interval sits on device 0.
     return group_device - group_device.min()
+
+
+def rotated_splits(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
+                   memory_cap: float, seq: list[int], rotations: int,
+                   deadline: float) -> tuple[np.ndarray, float] | None:
+    """The best contiguous split of `rotations` evenly spaced rotations of `seq` (one
+    device may then hold a prefix and a suffix of it), as (placement, max-load), until
+    `deadline` (a time.perf_counter() value); None when none fits. A model whose last
+    op shares a weight with its first (BERT's decoder and word embedding) pays that
+    weight's transfers on every interval split; a wrap-around split keeps them together."""
+    best = None
+    step = max(1, len(seq) // max(1, rotations))
+    for r in range(0, len(seq), step):
+        if time.perf_counter() > deadline:
+            break
+        split = contiguous_split(tg, num_devices, group_memory, memory_cap,
+                                 seq[r:] + seq[:r])
+        if np.bincount(split, weights=group_memory,
+                       minlength=num_devices).max() > memory_cap:
+            continue
+        value = max_load(tg, split, num_devices)
+        if best is None or value < best[1]:
+            best = (split, value)
+    return best
 
 
 def _balanced_upper_bound(tg: TaskGraph, seq: list[int], num_devices: int,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from placement.heuristics import contiguous_split
+from placement.heuristics import contiguous_split, group_sequence
 from placement.simulate import device_loads, max_load
 from placement.tasks import TaskGraph
 
@@ -209,6 +209,31 @@ def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> n
                 and (group_memory[g] == 0 or not cap_binds)):
             (join[g],) = neighbours[g]
     return join
+
+
+def join_roots(join: np.ndarray) -> np.ndarray:
+    """Per group the group it ends up with under `side_inputs`' joins. A side input's
+    one neighbour is its only neighbour's only neighbour when it joins back, so the
+    joins form stars and 2-cycles; a 2-cycle keeps its smaller group."""
+    root = join.copy()
+    back = join[join] == np.arange(len(join))
+    root[back] = np.minimum(join[back], np.arange(len(join))[back])
+    return root
+
+
+def joined_sequence(tg: TaskGraph, root: np.ndarray) -> list[int]:
+    """The group sequence with each joined group moved to just before its root: a
+    side input is a forward source, so this is still a topological order of the
+    forward groups, and its intervals keep side inputs with their neighbours."""
+    seq: list[int] = []
+    members: dict[int, list[int]] = {}
+    for g in np.flatnonzero(root != np.arange(len(root))).tolist():
+        members.setdefault(int(root[g]), []).append(g)
+    for g in group_sequence(tg):
+        if root[g] == g:
+            seq.extend(members.get(g, []))
+            seq.append(g)
+    return seq
 
 
 def condensed_groups(tg: TaskGraph, join: np.ndarray | None = None

@@ -33,16 +33,19 @@ class MaxLoadData:
     """Per sender: the other units holding a successor."""
     sender_cost: tuple[float, ...]
     lower_bound: float
-    """A proven bound on the max-load (total work / devices, heaviest unit)."""
+    """A proven bound on the max-load (total work / devices, heaviest unit, or the
+    caller's)."""
     scale: float
     """Model time unit in the graph's unit (the model sees times / scale, about 100
     for the bound) so that solver tolerances stay negligible."""
 
 
 def max_load_data(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
-                  group_memory: np.ndarray, memory_cap: float) -> MaxLoadData:
+                  group_memory: np.ndarray, memory_cap: float,
+                  known_bound: float = 0.0) -> MaxLoadData:
     """The model's data for `units` (lists of groups; in sequence order, since the
-    symmetry breaking numbers devices by their first unit)."""
+    symmetry breaking numbers devices by their first unit). `known_bound`: a proven
+    max-load bound of the fine problem (e.g. `path_bound`), which bounds L too."""
     unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
     for i, groups in enumerate(units):
         unit_of_group[list(groups)] = i
@@ -55,7 +58,7 @@ def max_load_data(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
         num_devices=num_devices, work=work, memory=memory, memory_cap=float(memory_cap),
         sender_unit=tuple(senders.unit.tolist()), sender_targets=senders.targets,
         sender_cost=tuple(senders.cost.tolist()),
-        lower_bound=max(total / num_devices, float(work.max(initial=0.0))),
+        lower_bound=max(total / num_devices, float(work.max(initial=0.0)), known_bound),
         scale=max(total / num_devices, 1e-300) / 100)
 
 

@@ -13,11 +13,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from placement.coarsen import chain_clusters
-from placement.heuristics import group_sequence
-from placement.ideal_dp import ideal_split
+from placement.heuristics import rotated_splits
+from placement.ideal_dp import ideal_split, join_roots, joined_sequence, side_inputs
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
+from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.milp.incumbent import (
     Incumbent,
     believable,
@@ -37,6 +38,10 @@ MAX_LOAD_FINE_GROUPS = 120
 COARSE_SHARE = 0.35
 #: Share of the time limit the ideal DP may use before the MILP rounds.
 IDEAL_DP_SHARE = 0.15
+#: Rotations of the group sequence the wrap-around contiguous split tries, and the
+#: share of the time limit it may use.
+ROTATIONS = 24
+ROTATION_SHARE = 0.1
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
 #: How a plan's source starts when a baseline placer (maybe refined) made it.
@@ -113,7 +118,6 @@ def _options(problem: Problem, deadline: float, share: float = 1.0,
 def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
               deadline: float) -> tuple[float, str]:
     tg, k = problem.tg, problem.num_devices
-    seq = group_sequence(tg)
 
     def score(gd: np.ndarray) -> tuple[float, np.ndarray]:
         loads = device_loads(tg, gd, k)
@@ -127,6 +131,18 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
                                  memory_cap=problem.memory_cap, deadline=until)
         incumbent.offer(gd, value, refined(source))
 
+    # Exact presolve: a side input never loses by sitting with its one neighbour
+    # (ideal_dp.side_inputs), so every plan is moved so, and the fine model's units are
+    # the groups with their side inputs (its optimum and bound are the groups').
+    incumbent.stage = "presolve"
+    root = join_roots(side_inputs(tg, problem.group_memory, problem.memory_cap))
+    seq = joined_sequence(tg, root)
+    _snap_side_inputs(incumbent, root, score)
+    split = rotated_splits(tg, k, problem.group_memory, problem.memory_cap, seq,
+                           ROTATIONS, time.perf_counter() + ROTATION_SHARE * max(
+                               0.0, deadline - time.perf_counter()))
+    if split is not None:
+        incumbent.offer(*split, "contiguous-dp (side inputs joined, rotated)")
     # The optimum over contiguous splits: the MILP starts from it, so never loses to it.
     ideal = ideal_split(tg, k, problem.group_memory, problem.memory_cap,
                         upper=incumbent.value,
@@ -136,31 +152,49 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
         incumbent.offer(ideal.group_device, ideal.value, "ideal-dp")
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
-    if tg.num_groups > MAX_LOAD_FINE_GROUPS:
+    _snap_side_inputs(incumbent, root, score)
+    incumbent.stage = "transfer bounds"
+    known = path_cut_bound(tg, k, heavy_group_bound(tg, problem.lower_bound()),
+                           incumbent.value)
+    members: dict[int, list[int]] = {}
+    for g in seq:
+        members.setdefault(int(root[g]), []).append(g)
+    units = list(members.values())
+    if len(units) > MAX_LOAD_FINE_GROUPS:
         incumbent.stage = "coarsening"
         clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
         _max_load_round(problem, backend, incumbent, clusters,
                         deadline, COARSE_SHARE,
-                        f"{backend.name} on {len(clusters)} clusters")
+                        f"{backend.name} on {len(clusters)} clusters", known, exact=False)
         refine(incumbent.source, REFINE_SHARE)
-    bound, status = _max_load_round(problem, backend, incumbent, [[g] for g in seq],
-                                    deadline, 1.0,
-                                    backend.name)
+        _snap_side_inputs(incumbent, root, score)
+    bound, status = _max_load_round(problem, backend, incumbent, units,
+                                    deadline, 1.0, backend.name, known, exact=True)
     if status != "optimal":
         refine(incumbent.source, 1.0)
-    return bound, status
+    return max(bound, known), status
+
+
+def _snap_side_inputs(incumbent: Incumbent, root: np.ndarray, score) -> None:
+    """Move every side input to its neighbour's device: no device's load grows
+    (ideal_dp.side_inputs), so the plan is kept whenever its value is no worse."""
+    snapped = incumbent.group_device[root]
+    value = score(snapped)[0]
+    if value <= incumbent.value * (1 + 1e-12):
+        incumbent.group_device, incumbent.value = snapped, min(value, incumbent.value)
 
 
 def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                     units: list[list[int]], deadline: float, share: float,
-                    source: str) -> tuple[float, str]:
-    """One MILP over `units`; its bound is a fine bound only when units are groups.
-    Only the fine model gets the incumbent as a cutoff (a coarse model may not reach
-    it, and its solution is still worth refining)."""
+                    source: str, known_bound: float, exact: bool) -> tuple[float, str]:
+    """One MILP over `units`; its bound is a fine bound only when the units are
+    `exact` (keeping each unit together loses nothing). Only that model gets the
+    incumbent as a cutoff (a coarse model may not reach it, and its solution is still
+    worth refining)."""
     tg = problem.tg
-    fine = all(len(u) == 1 for u in units)
+    fine = exact
     data = ml.max_load_data(tg, units, problem.num_devices, problem.group_memory,
-                            problem.memory_cap)
+                            problem.memory_cap, known_bound)
     if not worth_a_round(problem, deadline):
         return -math.inf, "time_limit"
     incumbent.stage = f"model build ({source})"

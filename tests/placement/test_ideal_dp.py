@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import contiguous_split
-from placement.ideal_dp import ideal_split
+from placement.ideal_dp import ideal_split, join_roots, joined_sequence, side_inputs
 from placement.io import load_graph
-from placement.simulate import max_load
+from placement.simulate import device_loads, max_load
 from tests.placement.max_load_cases import (
     brute_max_load,
     fits,
@@ -118,3 +118,21 @@ def test_joining_side_inputs_loses_nothing_against_brute_force():
     p = max_load_problem(_chain_with_side_inputs(4), 2)
     result = ideal_split(p.tg, 2, p.group_memory, p.memory_cap)
     assert result.value == pytest.approx(brute_max_load(p, contiguous=True), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_moving_side_inputs_to_their_neighbour_never_raises_a_device_load(seed):
+    """The exact presolve of the max-load MILP: every placement, with each side input
+    moved to its root's device, loads no device more (so the joined model loses
+    nothing), and the joined sequence is a topological order of the groups."""
+    p = max_load_problem(_chain_with_side_inputs(4), 3)
+    root = join_roots(side_inputs(p.tg, p.group_memory, p.memory_cap))
+    assert (root != np.arange(p.tg.num_groups)).sum() == 4
+    seq = joined_sequence(p.tg, root)
+    assert sorted(seq) == list(range(p.tg.num_groups))
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        gd = rng.integers(0, 3, p.tg.num_groups)
+        before = device_loads(p.tg, gd, 3)
+        after = device_loads(p.tg, gd[root], 3)
+        assert (after <= before + 1e-12).all()
