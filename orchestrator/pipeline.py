@@ -21,15 +21,14 @@ from orchestrator.job_args import (
 )
 from orchestrator.sweep import (
     METRIC,
-    Candidate,
     best_result,
     driver_resources,
     feasible,
-    linear_lr,
     max_concurrent_trials,
     run_sweep,
     train_config,
 )
+from orchestrator.sweep_trials import trial_records
 from orchestrator.train.launch import fit, ray_cluster
 from orchestrator.train.resources import decide_devices, load_node_types, profile_on_gpu_worker
 from placement.cluster import ClusterSpec
@@ -37,15 +36,14 @@ from placement.errors import UserError
 from placement.io import save_graph
 from placement.plan import Plan
 from placement.policy import plan_mp_degrees
-from placement.scaling.crossover import HybridConfig, ScalingParams, crossover, project
+from placement.scaling.crossover import crossover
 from placement.scaling.efficiency import NoiseScaleModel, StatisticalEfficiency
 from placement.scaling.step import BatchRule, worker_step
 from placement.scaling.workers import default_batches, worker_steps
+from placement.sweep_space import Candidate, sweep_space
 
 #: The preset learning rate of SGD with momentum at the preset's batch.
 BASE_LR = 0.05
-#: Global batches the sweep tries, as multiples of the preset's batch.
-BATCH_MULTIPLES = (1, 2, 4)
 
 
 def status(stage: str, text: str) -> None:
@@ -95,24 +93,34 @@ def plan_status(mp_degree: int, p: Plan) -> str:
 
 def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_batch: int,
                    num_gpus: int, efficiency: StatisticalEfficiency,
-                   dataset_size: float) -> list[Candidate]:
-    rule = BatchRule(profiled_batch=float(graph.metadata.get("batch", base_batch)))
-    out = []
-    for m, p in plans.items():
-        dp = num_gpus // m
-        for multiple in BATCH_MULTIPLES:
-            gb = base_batch * multiple
-            if gb % (dp * p.num_micro_batches):
-                continue
-            worker = worker_step(graph, p, cluster, gb / dp, rule)
-            projected = project(worker, dp, cluster, efficiency, dataset_size,
-                                ScalingParams())
-            out.append(Candidate(mp_degree=m, dp_degree=dp, global_batch=gb,
-                                 num_micro_batches=p.num_micro_batches,
-                                 lr=linear_lr(BASE_LR, base_batch, gb),
-                                 predicted_step_s=projected.step_s,
-                                 predicted_time_s=projected.time_to_accuracy_s))
-    return sorted(out, key=lambda c: c.predicted_time_s)
+                   dataset_size: float, rule: BatchRule) -> list[Candidate]:
+    """The sweep space of the job's plans (placement/sweep_space.py)."""
+    models = {m: (lambda batch, p=p: worker_step(graph, p, cluster, batch, rule))
+              for m, p in plans.items()}
+    return sweep_space(models, cluster, base_batch=base_batch, num_gpus=num_gpus,
+                       efficiency=efficiency, dataset_size=dataset_size, base_lr=BASE_LR)
+
+
+def batch_rule(args: JobArgs, graph, base_batch: int, kind: str,
+               measured_here: bool) -> BatchRule:
+    """How op times scale with the batch: measured by a second profile where the graph
+    was timed here; linear (the rule's default) for a graph timed on a GPU worker."""
+    if not measured_here:
+        return BatchRule(profiled_batch=float(base_batch))
+    from orchestrator.profile.batch_scaling import fixed_fraction
+
+    f = fixed_fraction(args.model, args.preset, graph, base_batch, kind)
+    status("3/6 cross-over", f"{f:.0%} of an op's time at batch {base_batch} does not grow "
+                             f"with the batch (second profile)")
+    return BatchRule(profiled_batch=float(base_batch), fixed_fraction=f)
+
+
+def trial_status(t: dict) -> str:
+    """One status line per trial: the prediction it was ranked by against its measure."""
+    return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step (model "
+            f"{t['model_step_s'] * 1e3:.1f} ms x {t['ratio']:.3g}, from "
+            f"{t['correction_from']}), measured {t['measured_step_s'] * 1e3:.1f} ms "
+            f"({t['error']:+.0%})")
 
 
 def run_job(args: JobArgs, inputs: JobInputs) -> dict:
@@ -149,33 +157,37 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     efficiency = inputs.efficiency or calibrate(args, base_batch, use_gpu)
     status("3/6 cross-over", f"DP vs hybrid time to accuracy, 1 to 4096 devices; "
                              f"{efficiency.source}, {inputs.dataset_size:,.0f} samples an epoch")
-    rule = BatchRule(profiled_batch=float(base_batch))
+    rule = batch_rule(args, graph, base_batch, cluster.device.name, measured_here)
     result = crossover(worker_steps(graph, plans, cluster, default_batches(base_batch), rule),
                        cluster, efficiency, inputs.dataset_size, 4096)
     (args.storage / "crossover.json").write_text(json.dumps(result.to_dict(), indent=1))
 
     candidates = candidates_for(graph, plans, cluster, base_batch, num_gpus, efficiency,
-                                inputs.dataset_size)
+                                inputs.dataset_size, rule)
     kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
                             use_gpu=use_gpu)
     for reason in pruned:
         status("4/6 sweep", f"pruned {reason}")
     if not kept:
         raise UserError("no configuration of the sweep fits this cluster: " + "; ".join(pruned))
-    chosen = kept[:args.max_trials]
-    concurrent = max_concurrent_trials(chosen, nodes, use_gpu)
+    concurrent = max_concurrent_trials(kept, nodes, use_gpu)
     driver = driver_resources(nodes, 0 if use_gpu else max(
-        c.dp_degree * c.mp_degree for c in chosen))
-    status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
-                        f"{concurrent} at a time: {[c.key() for c in chosen]}")
-    grid = run_sweep(chosen, plans, model=args.model, preset=args.preset,
+        c.dp_degree * c.mp_degree for c in kept))
+    status("4/6 sweep", f"{min(args.max_trials, len(kept))} trial(s) of {args.trial_steps} "
+                        f"steps, {concurrent} at a time, every mp_degree first, then by "
+                        f"corrected prediction, out of {[c.key() for c in kept]}")
+    grid = run_sweep(kept, plans, max_trials=args.max_trials, model=args.model,
+                     preset=args.preset,
                      steps=args.trial_steps, storage=args.storage, use_gpu=use_gpu,
                      fake_gpus=fake_gpus, data=args.data, efficiency=efficiency,
                      dataset_size=inputs.dataset_size,
                      max_concurrent=concurrent, time_budget_s=args.time_budget_s,
                      resume=args.resume, driver=driver)
     best = best_result(list(grid), grid.experiment_path)
-    winner = Candidate(**best.config["candidate"])
+    winner = Candidate.from_dict(best.config["candidate"])
+    trials = trial_records(grid)
+    for t in trials:
+        status("4/6 sweep", trial_status(t))
     status("4/6 sweep", f"best {winner.key()}: projected {best.metrics[METRIC]:.4g} s to "
                         f"target")
 
@@ -191,20 +203,18 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
         "model": args.model, "preset": args.preset, "cluster": cluster.name,
         "num_gpus": num_gpus, "base_batch": base_batch,
         "statistical_efficiency": efficiency.source, "dataset_size": inputs.dataset_size,
-        "winner": dataclasses.asdict(winner),
+        "winner": winner.to_dict(),
         "winner_projected_time_s": best.metrics[METRIC],
         "crossover_num_gpus": result.crossover_num_gpus,
         "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
                   "workers": final["workers"]},
         "pruned": pruned,
-        "hybrid": dataclasses.asdict(HybridConfig(
-            dp_degree=winner.dp_degree, mp_degree=winner.mp_degree,
-            global_batch=winner.global_batch, num_micro_batches=winner.num_micro_batches)),
+        "hybrid": dataclasses.asdict(winner.config),
+        "trials": trials,
     }
     (args.storage / "winner.json").write_text(json.dumps(summary, indent=1) + "\n")
     status("6/6 report", "writing plots and the HTML page")
-    page = write_report(args.storage, grid=grid, plans=plans, crossover=result,
-                        summary=summary, candidates=chosen)
+    page = write_report(args.storage, plans=plans, crossover=result, summary=summary)
     status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
     return summary
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ray import tune
@@ -20,6 +19,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
+from orchestrator.search import CorrectedSearcher
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.sync import process_group_backend
 from orchestrator.train.errors import user_error_in
@@ -34,6 +34,7 @@ from orchestrator.train.worker import train_loop_per_worker
 from placement.errors import UserError
 from placement.plan import Plan
 from placement.scaling.efficiency import StatisticalEfficiency
+from placement.sweep_space import Candidate
 
 METRIC = "projected_time_s"
 EXPERIMENT = "sweep"
@@ -50,28 +51,6 @@ def driver_resources(nodes: Sequence[NodeResources], largest_trial_cpus: float) 
             f"driver: start Ray with --resources '{{\"{DRIVER_RESOURCE}\": "
             f"{DRIVER_RESOURCE_AMOUNT}}}' on the head node, or use --num-gpus below the total")
     return {"CPU": 0.01}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """One point of the search space, with the scaling model's prediction for it."""
-
-    mp_degree: int
-    dp_degree: int
-    global_batch: int
-    num_micro_batches: int
-    lr: float
-    """Learning rate for this global batch (linear scaling from the preset's)."""
-    predicted_step_s: float
-    predicted_time_s: float
-
-    def key(self) -> str:
-        return f"mp{self.mp_degree}-b{self.global_batch}"
-
-
-def linear_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
-    """Goyal et al. 2017's linear scaling rule: lr proportional to the global batch."""
-    return base_lr * global_batch / base_batch
 
 
 def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
@@ -110,7 +89,7 @@ def trial_projection(efficiency: StatisticalEfficiency, dataset_size: float,
 
 def _trial(config: dict, *, job: dict) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
-    c = Candidate(**config["candidate"])
+    c = Candidate.from_dict(config["candidate"])
     cfg = dataclasses.replace(
         train_config(c, model=job["model"], preset=job["preset"], steps=job["steps"],
                      use_gpu=job["use_gpu"], data=job["data"]), fake_gpus=job["fake_gpus"])
@@ -131,14 +110,15 @@ def _trial(config: dict, *, job: dict) -> None:
     trainer.fit()
 
 
-def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model: str,
-              preset: str, steps: int, storage: str | Path, use_gpu: bool, fake_gpus: bool,
-              data: str | None, efficiency: StatisticalEfficiency, dataset_size: float,
-              max_concurrent: int, time_budget_s: float | None, resume: bool,
-              driver: dict) -> tune.ResultGrid:
-    """Run (or, with `resume`, continue) the sweep; finished trials are never re-run.
-    Trials rank by time to accuracy from `efficiency` over `dataset_size` samples an
-    epoch."""
+def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, max_trials: int,
+              model: str, preset: str, steps: int, storage: str | Path, use_gpu: bool,
+              fake_gpus: bool, data: str | None, efficiency: StatisticalEfficiency,
+              dataset_size: float, max_concurrent: int, time_budget_s: float | None,
+              resume: bool, driver: dict) -> tune.ResultGrid:
+    """Run (or, with `resume`, continue) the sweep of at most `max_trials` of the
+    `candidates`, in the order CorrectedSearcher picks; finished trials are never
+    re-run. Trials rank by time to accuracy from `efficiency` over `dataset_size`
+    samples an epoch."""
     storage = str(Path(storage).resolve())
     path = Path(storage) / EXPERIMENT
     job = {
@@ -157,8 +137,9 @@ def run_sweep(candidates: Sequence[Candidate], plans: dict[int, Plan], *, model:
                                   restart_errored=False).fit()
     tuner = tune.Tuner(
         trainable,
-        param_space={"candidate": tune.grid_search([dataclasses.asdict(c) for c in candidates])},
         tune_config=tune.TuneConfig(
+            search_alg=CorrectedSearcher(candidates, max_trials, metric=METRIC),
+            num_samples=max_trials,
             # max_t past the last step: a trial that runs to its end finishes by itself
             # (its TorchTrainer returns and releases its workers) instead of being
             # stopped by ASHA at its last report.
