@@ -101,24 +101,24 @@ def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_bat
                        efficiency=efficiency, dataset_size=dataset_size, base_lr=BASE_LR)
 
 
-def batch_rule(args: JobArgs, graph, base_batch: int, kind: str,
-               measured_here: bool) -> BatchRule:
-    """How op times scale with the batch: measured by a second profile where the graph
-    was timed here; linear (the rule's default) for a graph timed on a GPU worker."""
+def batch_rule(args: JobArgs, base_batch: int, measured_here: bool) -> BatchRule:
+    """How op times scale with the batch: measured here where the graph was timed here;
+    linear (the rule's default) for a graph timed on a GPU worker."""
     if not measured_here:
         return BatchRule(profiled_batch=float(base_batch))
-    from orchestrator.profile.batch_scaling import fixed_fraction
+    from orchestrator.profile.batch_scaling import LARGER_BATCH_MULTIPLE, fixed_fraction
 
-    f = fixed_fraction(args.model, args.preset, graph, base_batch, kind)
-    status("3/6 cross-over", f"{f:.0%} of an op's time at batch {base_batch} does not grow "
-                             f"with the batch (second profile)")
+    f = fixed_fraction(args.model, args.preset, base_batch)
+    status("3/6 cross-over", f"{f:.0%} of a step at batch {base_batch} does not grow with "
+                             f"the batch (steps timed at {base_batch} and "
+                             f"{base_batch * LARGER_BATCH_MULTIPLE})")
     return BatchRule(profiled_batch=float(base_batch), fixed_fraction=f)
 
 
 def trial_status(t: dict) -> str:
     """One status line per trial: the prediction it was ranked by against its measure."""
     return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step (model "
-            f"{t['model_step_s'] * 1e3:.1f} ms x {t['ratio']:.3g}, from "
+            f"{t['model_step_s'] * 1e3:.1f} ms {t['overhead_s'] * 1e3:+.1f} ms, from "
             f"{t['correction_from']}), measured {t['measured_step_s'] * 1e3:.1f} ms "
             f"({t['error']:+.0%})")
 
@@ -157,7 +157,7 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     efficiency = inputs.efficiency or calibrate(args, base_batch, use_gpu)
     status("3/6 cross-over", f"DP vs hybrid time to accuracy, 1 to 4096 devices; "
                              f"{efficiency.source}, {inputs.dataset_size:,.0f} samples an epoch")
-    rule = batch_rule(args, graph, base_batch, cluster.device.name, measured_here)
+    rule = batch_rule(args, base_batch, measured_here)
     result = crossover(worker_steps(graph, plans, cluster, default_batches(base_batch), rule),
                        cluster, efficiency, inputs.dataset_size, 4096)
     (args.storage / "crossover.json").write_text(json.dumps(result.to_dict(), indent=1))

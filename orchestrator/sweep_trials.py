@@ -13,7 +13,7 @@ from orchestrator.train.step_breakdown import PARTS
 from placement.sweep_rank import Correction
 from placement.sweep_space import Candidate
 
-#: A trial ranked with a ratio of its own mp_degree must measure within this of it.
+#: A trial ranked with a correction of its own mp_degree must measure within this of it.
 CALIBRATED_TOLERANCE = 0.15
 
 
@@ -29,9 +29,9 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "model_step_s": c.predicted_step_s,
         "predicted_step_s": ranked["predicted_step_s"],
         "predicted_time_s": ranked["predicted_time_s"],
-        "ratio": ranked["ratio"], "correction": ranked["correction"],
+        "overhead_s": ranked["overhead_s"], "correction": ranked["correction"],
         "correction_from": correction.source(c.mp_degree),
-        "calibrated": c.mp_degree in correction.ratios,
+        "calibrated": c.mp_degree in correction.overheads_s,
         "measured_step_s": measured,
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),

@@ -64,7 +64,7 @@ def _trial_row(t: dict) -> str:
     return (f"<tr><td>{html.escape(t['key'])}</td><td>{t['dp_degree']}</td>"
             f"<td>{t['mp_degree']}</td><td>{t['global_batch']}</td>"
             f"<td>{t['model_step_s'] * 1e3:.2f}</td>"
-            f"<td>x{t['ratio']:.3g} ({html.escape(t['correction_from'])})</td>"
+            f"<td>{t['overhead_s'] * 1e3:+.2f} ({html.escape(t['correction_from'])})</td>"
             f"<td>{t['predicted_step_s'] * 1e3:.2f}</td><td>{t['measured_step_s'] * 1e3:.2f}</td>"
             f"<td>{t['error']:+.1%}{mark}</td><td>{parts}</td>"
             f"<td>{t['projected_time_s']:.4g}</td><td>{t['loss']:.4f}</td>"
@@ -114,13 +114,13 @@ figure{{display:inline-block;margin:0.5em;width:520px}}img{{width:100%}}</style>
 projected time to accuracy {summary['winner_projected_time_s']:.4g} s. Cross-over
 (projection, {html.escape(summary['cluster'])}): {summary['crossover_num_gpus']}.
 Final run: loss {losses[0]:.3f} at its first step, {losses[-1]:.3f} at its last.</p>
-<p>Correction learned (measured step = ratio x the model's):
-{html.escape(learned_correction(rows))}. A trial ranked with a ratio of its own mp_degree
+<p>Correction learned (measured step = the model's + an overhead per mp_degree):
+{html.escape(learned_correction(rows))}. A trial ranked with the overhead of its own mp_degree
 must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).</p>
 <h2>Plots</h2>{figures}
 <h2>Trials, in the order the sweep ran them</h2>
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
-<th>model step (ms)</th><th>correction</th><th>ranked step (ms)</th>
+<th>model step (ms)</th><th>correction (ms)</th><th>ranked step (ms)</th>
 <th>measured step (ms)</th><th>error</th><th>{' / '.join(PARTS)} (ms)</th>
 <th>projected time (s)</th><th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
 <h2>Plans (one worker per mp_degree)</h2>

@@ -21,11 +21,11 @@ def test_each_trial_carries_the_prediction_that_ranked_it_and_a_measure_reorders
     s = CorrectedSearcher(CANDIDATES, max_trials=3, metric="projected_time_s")
     first = s.suggest("t1")
     assert first["candidate"]["config"]["mp_degree"] == 1 and first["order"] == 1
-    assert first["ranked"]["ratio"] == 1.0
-    s.on_trial_complete("t1", {MEASURED: 0.03})  # mp 1 runs 3x slower than predicted
+    assert first["ranked"]["overhead_s"] == 0.0
+    s.on_trial_complete("t1", {MEASURED: 0.03})  # mp 1 runs 20 ms a step slower
     second = s.suggest("t2")
     assert Candidate.from_dict(second["candidate"]).key() == "mp2-b64"
-    assert second["ranked"]["ratio"] == pytest.approx(3.0)  # shared until mp 2 reports
+    assert second["ranked"]["overhead_s"] == pytest.approx(0.02)  # shared until mp 2 reports
     assert second["ranked"]["predicted_step_s"] == pytest.approx(0.03)
     s.on_trial_complete("t2", {MEASURED: 0.01})
     # Saved and restored (as Tune does on --resume), the order goes on.
@@ -35,7 +35,8 @@ def test_each_trial_carries_the_prediction_that_ranked_it_and_a_measure_reorders
     third = restored.suggest("t3")
     # mp1-b32 corrected to 36 s, mp2-b32 to 13 s.
     assert Candidate.from_dict(third["candidate"]).key() == "mp2-b32"
-    assert third["ranked"]["correction"]["ratios"] == {"1": 3.0, "2": 1.0}
+    assert third["ranked"]["correction"]["overheads_s"] == {"1": pytest.approx(0.02),
+                                                            "2": pytest.approx(0.0)}
     assert restored.suggest("t4") == Searcher.FINISHED
 
 
@@ -44,4 +45,4 @@ def test_a_failed_trial_teaches_nothing():
     s.suggest("t1")
     s.on_trial_complete("t1", None, error=True)
     assert s.measurements == []
-    assert s.suggest("t2")["ranked"]["ratio"] == 1.0
+    assert s.suggest("t2")["ranked"]["overhead_s"] == 0.0
