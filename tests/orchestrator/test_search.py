@@ -46,3 +46,23 @@ def test_a_failed_trial_teaches_nothing():
     s.on_trial_complete("t1", None, error=True)
     assert s.measurements == []
     assert s.suggest("t2")["ranked"]["overhead_s"] == 0.0
+
+
+def test_a_trials_record_keeps_the_prediction_that_ranked_it():
+    from orchestrator.sweep_trials import trial_record
+
+    s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
+    s.suggest("t1")
+    s.on_trial_complete("t1", {MEASURED: 0.02})
+    config = s.suggest("t2")
+    s.on_trial_complete("t2", {MEASURED: 0.011})
+    metrics = {MEASURED: 0.011, "projected_time_s": 99.0, "loss": 4.0, "step": 30,
+               "time_compute_s": 0.01}
+    t = trial_record(config, metrics)
+    assert (t["key"], t["order"], t["calibrated"]) == ("mp2-b64", 2, False)
+    assert t["predicted_step_s"] == pytest.approx(0.02)  # 10 ms + mp 1's 10 ms overhead
+    assert t["error"] == pytest.approx(0.011 / 0.02 - 1)
+    # mp2-b32 at 13 s x 1.1 ranks before mp1-b32 at 12 s x 2, by mp 2's own overhead.
+    third = trial_record(s.suggest("t3"), metrics)
+    assert (third["key"], third["calibrated"], third["correction_from"]) == (
+        "mp2-b32", True, "mp 2 trials")
