@@ -16,7 +16,7 @@ test: setup
 
 demo: setup
 	rm -rf results/demo
-	$(PY) jobs/bigLSTM.py --preset tiny --max-trials 2 --storage results/demo
+	$(PY) jobs/bigLSTM.py --preset tiny --max-trials 4 --trial-steps 60 --storage results/demo
 
 bench: setup
 	$(PY) -m benchmarks

@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ray import tune
 
 from orchestrator.job_args import (
     DEFAULT_PLAN_TIME_LIMIT_S,
@@ -25,16 +24,15 @@ from orchestrator.job_args import (
 from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.sweep import (
     METRIC,
-    Candidate,
     SweepJob,
     best_result,
     driver_resources,
     feasible,
-    linear_lr,
     max_concurrent_trials,
     run_sweep,
     train_config,
 )
+from orchestrator.sweep_trials import trial_records
 from orchestrator.train.cluster import ray_cluster
 from orchestrator.train.resources import (JobDevices, decide_devices, load_node_types,
                                           profile_on_gpu_worker)
@@ -45,16 +43,14 @@ from placement.graph import OpGraph
 from placement.io import save_graph
 from placement.plan import Plan
 from placement.policy import plan_mp_degrees
-from placement.scaling.crossover import (CrossoverResult, HybridConfig, ScalingParams,
-                                         crossover, project)
+from placement.scaling.crossover import CrossoverResult, crossover
 from placement.scaling.efficiency import NoiseScaleModel, StatisticalEfficiency
 from placement.scaling.step import BatchRule, worker_step
 from placement.scaling.workers import default_batches, worker_steps
+from placement.sweep_space import Candidate, sweep_space
 
 #: The preset learning rate of SGD with momentum at the preset's batch.
 BASE_LR = 0.05
-#: Global batches the sweep tries, as multiples of the preset's batch.
-BATCH_MULTIPLES = (1, 2, 4)
 
 
 def status(stage: str, text: str) -> None:
@@ -104,34 +100,46 @@ def plan_status(mp_degree: int, p: Plan) -> str:
 
 def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_batch: int,
                    num_gpus: int, efficiency: StatisticalEfficiency,
-                   dataset_size: float) -> list[Candidate]:
-    rule = BatchRule(profiled_batch=float(graph.metadata.get("batch", base_batch)))
-    out = []
-    for m, p in plans.items():
-        dp = num_gpus // m
-        for multiple in BATCH_MULTIPLES:
-            gb = base_batch * multiple
-            if gb % (dp * p.num_micro_batches):
-                continue
-            worker = worker_step(graph, p, cluster, gb / dp, rule)
-            projected = project(worker, dp, cluster, efficiency, dataset_size,
-                                ScalingParams())
-            out.append(Candidate(mp_degree=m, dp_degree=dp, global_batch=gb,
-                                 num_micro_batches=p.num_micro_batches,
-                                 lr=linear_lr(BASE_LR, base_batch, gb),
-                                 predicted_step_s=projected.step_s,
-                                 predicted_time_s=projected.time_to_accuracy_s))
-    return sorted(out, key=lambda c: c.predicted_time_s)
+                   dataset_size: float, rule: BatchRule) -> list[Candidate]:
+    """The sweep space of the job's plans (placement/sweep_space.py)."""
+    models = {m: (lambda batch, p=p: worker_step(graph, p, cluster, batch, rule))
+              for m, p in plans.items()}
+    return sweep_space(models, cluster, base_batch=base_batch, num_gpus=num_gpus,
+                       efficiency=efficiency, dataset_size=dataset_size, base_lr=BASE_LR)
+
+
+def batch_rule(args: JobArgs, base_batch: int, measured_here: bool) -> BatchRule:
+    """How op times scale with the batch: measured here where the graph was timed here;
+    linear (the rule's default) for a graph timed on a GPU worker."""
+    if not measured_here:
+        return BatchRule(profiled_batch=float(base_batch))
+    from orchestrator.profile.batch_scaling import LARGER_BATCH_MULTIPLE, fixed_fraction
+
+    f = fixed_fraction(args.model, args.preset, base_batch)
+    status("3/6 cross-over", f"{f:.0%} of a step at batch {base_batch} does not grow with "
+                             f"the batch (steps timed at {base_batch} and "
+                             f"{base_batch * LARGER_BATCH_MULTIPLE})")
+    return BatchRule(profiled_batch=float(base_batch), fixed_fraction=f)
+
+
+def trial_status(t: dict) -> str:
+    """One status line per trial: the prediction it was ranked by against its measure."""
+    return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step (model "
+            f"{t['model_step_s'] * 1e3:.1f} ms {t['overhead_s'] * 1e3:+.1f} ms, from "
+            f"{t['correction_from']}), measured {t['measured_step_s'] * 1e3:.1f} ms "
+            f"({t['error']:+.0%})")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepOutcome:
-    grid: tune.ResultGrid
     winner: Candidate
     projected_time_s: float
     """The winner's projected time to accuracy, as its trial reported it."""
     pruned: list[str]
     """Why each candidate the cluster cannot hold was left out."""
+    trials: list[dict]
+    """Every trial's record: the prediction that ranked it against its measure
+    (orchestrator/sweep_trials.py)."""
 
 
 def run_job(args: JobArgs, inputs: JobInputs) -> dict:
@@ -143,25 +151,24 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
     graph = profile_stage(args, inputs.base_batch, devices)
     plans = plan_stage(args, graph, devices)
     efficiency = inputs.efficiency or calibrate(args, inputs.base_batch, devices.kind)
-    result = crossover_stage(args, inputs, graph, plans, devices, efficiency)
-    sweep = sweep_stage(args, inputs, graph, plans, devices, efficiency)
+    rule = batch_rule(args, inputs.base_batch, devices.kind.measured_here)
+    result = crossover_stage(args, inputs, graph, plans, devices, efficiency, rule)
+    sweep = sweep_stage(args, inputs, graph, plans, devices, efficiency, rule)
     final = train_stage(args, sweep.winner, plans, devices)
     summary = {
         "model": args.model, "preset": args.preset, "cluster": devices.cluster.name,
         "num_gpus": devices.num_gpus, "base_batch": inputs.base_batch,
         "statistical_efficiency": efficiency.source, "dataset_size": inputs.dataset_size,
-        "winner": dataclasses.asdict(sweep.winner),
+        "winner": sweep.winner.to_dict(),
         "winner_projected_time_s": sweep.projected_time_s,
         "crossover_num_gpus": result.crossover_num_gpus,
         "final": {"losses": final["losses"], "step_times_s": final["step_times_s"],
                   "workers": final["workers"]},
         "pruned": sweep.pruned,
-        "hybrid": dataclasses.asdict(HybridConfig(
-            dp_degree=sweep.winner.dp_degree, mp_degree=sweep.winner.mp_degree,
-            global_batch=sweep.winner.global_batch,
-            num_micro_batches=sweep.winner.num_micro_batches)),
+        "hybrid": dataclasses.asdict(sweep.winner.config),
+        "trials": sweep.trials,
     }
-    report_stage(args, sweep.grid, plans, result, summary)
+    report_stage(args, plans, result, summary)
     return summary
 
 
@@ -200,12 +207,11 @@ def plan_stage(args: JobArgs, graph: OpGraph, devices: JobDevices) -> dict[int, 
 
 def crossover_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph,
                     plans: dict[int, Plan], devices: JobDevices,
-                    efficiency: StatisticalEfficiency) -> CrossoverResult:
+                    efficiency: StatisticalEfficiency, rule: BatchRule) -> CrossoverResult:
     """DP-only vs hybrid time to accuracy from 1 to 4096 devices, saved as
     crossover.json."""
     status("3/6 cross-over", f"DP vs hybrid time to accuracy, 1 to 4096 devices; "
                              f"{efficiency.source}, {inputs.dataset_size:,.0f} samples an epoch")
-    rule = BatchRule(profiled_batch=float(inputs.base_batch))
     result = crossover(worker_steps(graph, plans, devices.cluster,
                                     default_batches(inputs.base_batch), rule),
                        devices.cluster, efficiency, inputs.dataset_size, 4096)
@@ -214,34 +220,38 @@ def crossover_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph,
 
 
 def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
-                devices: JobDevices, efficiency: StatisticalEfficiency) -> SweepOutcome:
+                devices: JobDevices, efficiency: StatisticalEfficiency,
+                rule: BatchRule) -> SweepOutcome:
     """The Tune sweep of the candidates the cluster holds, and its best trial."""
     nodes, kind = devices.nodes, devices.kind
     candidates = candidates_for(graph, plans, devices.cluster, inputs.base_batch,
-                                devices.num_gpus, efficiency, inputs.dataset_size)
+                                devices.num_gpus, efficiency, inputs.dataset_size, rule)
     kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
                             device_kind=kind)
     for reason in pruned:
         status("4/6 sweep", f"pruned {reason}")
     if not kept:
         raise UserError("no configuration of the sweep fits this cluster: " + "; ".join(pruned))
-    chosen = kept[:args.max_trials]
-    concurrent = max_concurrent_trials(chosen, nodes, kind)
+    concurrent = max_concurrent_trials(kept, nodes, kind)
     driver = driver_resources(nodes, 0 if kind.ray_gpus else max(
-        c.dp_degree * c.mp_degree for c in chosen))
-    status("4/6 sweep", f"{len(chosen)} trial(s) of {args.trial_steps} steps, "
-                        f"{concurrent} at a time: {[c.key() for c in chosen]}")
+        c.dp_degree * c.mp_degree for c in kept))
+    status("4/6 sweep", f"{min(args.max_trials, len(kept))} trial(s) of {args.trial_steps} "
+                        f"steps, {concurrent} at a time, every mp_degree first, then by "
+                        f"corrected prediction, out of {[c.key() for c in kept]}")
     job = SweepJob(model=args.model, preset=args.preset, steps=args.trial_steps,
                    data=args.data, device_kind=kind, plans=plans, efficiency=efficiency,
                    dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()))
-    grid = run_sweep(chosen, job, max_concurrent=concurrent,
+    grid = run_sweep(kept, job, max_trials=args.max_trials, max_concurrent=concurrent,
                      time_budget_s=args.time_budget_s, resume=args.resume, driver=driver)
     best = best_result(list(grid), grid.experiment_path)
-    winner = Candidate(**best.config["candidate"])
+    winner = Candidate.from_dict(best.config["candidate"])
+    trials = trial_records(grid)
+    for t in trials:
+        status("4/6 sweep", trial_status(t))
     status("4/6 sweep", f"best {winner.key()}: projected {best.metrics[METRIC]:.4g} s to "
                         f"target")
-    return SweepOutcome(grid=grid, winner=winner, projected_time_s=best.metrics[METRIC],
-                        pruned=pruned)
+    return SweepOutcome(winner=winner, projected_time_s=best.metrics[METRIC],
+                        pruned=pruned, trials=trials)
 
 
 def train_stage(args: JobArgs, winner: Candidate, plans: dict[int, Plan],
@@ -257,15 +267,14 @@ def train_stage(args: JobArgs, winner: Candidate, plans: dict[int, Plan],
                max_failures=1)
 
 
-def report_stage(args: JobArgs, grid: tune.ResultGrid, plans: dict[int, Plan],
-                 result: CrossoverResult, summary: dict) -> None:
+def report_stage(args: JobArgs, plans: dict[int, Plan], result: CrossoverResult,
+                 summary: dict) -> None:
     """winner.json and the HTML report of plots."""
     from orchestrator.report.html import write_report
 
     (args.storage / "winner.json").write_text(json.dumps(summary, indent=1) + "\n")
     status("6/6 report", "writing plots and the HTML page")
-    page = write_report(args.storage, grid=grid, plans=plans, crossover=result,
-                        summary=summary)
+    page = write_report(args.storage, plans=plans, crossover=result, summary=summary)
     status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
 
 

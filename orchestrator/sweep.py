@@ -8,7 +8,6 @@ and passes `TuneReportCallback` in its RunConfig, so the workers' reports reach 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
 from orchestrator.runtime.device_kind import DeviceKind
+from orchestrator.search import CorrectedSearcher
 from orchestrator.train.capacity import NodeResources, check_fits
 from orchestrator.train.cluster import DRIVER_RESOURCE, DRIVER_RESOURCE_AMOUNT
 from orchestrator.train.config import TrainConfig
@@ -28,6 +28,7 @@ from orchestrator.train.trainer import torch_trainer
 from placement.errors import UserError
 from placement.plan import Plan
 from placement.scaling.efficiency import StatisticalEfficiency
+from placement.sweep_space import Candidate
 
 METRIC = "projected_time_s"
 EXPERIMENT = "sweep"
@@ -44,28 +45,6 @@ def driver_resources(nodes: Sequence[NodeResources], largest_trial_cpus: float) 
             f"driver: start Ray with --resources '{{\"{DRIVER_RESOURCE}\": "
             f"{DRIVER_RESOURCE_AMOUNT}}}' on the head node, or use --num-gpus below the total")
     return {"CPU": 0.01}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """One point of the search space, with the scaling model's prediction for it."""
-
-    mp_degree: int
-    dp_degree: int
-    global_batch: int
-    num_micro_batches: int
-    lr: float
-    """Learning rate for this global batch (linear scaling from the preset's)."""
-    predicted_step_s: float
-    predicted_time_s: float
-
-    def key(self) -> str:
-        return f"mp{self.mp_degree}-b{self.global_batch}"
-
-
-def linear_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
-    """Goyal et al. 2017's linear scaling rule: lr proportional to the global batch."""
-    return base_lr * global_batch / base_batch
 
 
 def feasible(candidates: Sequence[Candidate], nodes: Sequence[NodeResources], *,
@@ -123,17 +102,19 @@ class SweepJob:
 
 def _trial(config: dict, *, job: SweepJob) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
-    trainer = torch_trainer(job.worker_job(Candidate(**config["candidate"])),
+    trainer = torch_trainer(job.worker_job(Candidate.from_dict(config["candidate"])),
                             name=f"train-{tune.get_context().get_trial_id()}",
                             storage_path=str(Path(job.storage) / "trials"), num_to_keep=1,
                             callbacks=[TuneReportCallback()])
     trainer.fit()
 
 
-def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_concurrent: int,
-              time_budget_s: float | None, resume: bool, driver: dict) -> tune.ResultGrid:
-    """Run (or, with `resume`, continue) the sweep; finished trials are never re-run.
-    Trials rank by the time to accuracy their workers project."""
+def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int,
+              max_concurrent: int, time_budget_s: float | None, resume: bool,
+              driver: dict) -> tune.ResultGrid:
+    """Run (or, with `resume`, continue) the sweep of at most `max_trials` of the
+    `candidates`, in the order CorrectedSearcher picks; finished trials are never
+    re-run. Trials rank by the time to accuracy their workers project."""
     path = Path(job.storage) / EXPERIMENT
     # The job's fixed inputs travel by reference, so only the candidate is a trial's
     # configuration (what the dashboard and the console table show).
@@ -143,8 +124,9 @@ def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_concurrent:
                                   restart_errored=False).fit()
     tuner = tune.Tuner(
         trainable,
-        param_space={"candidate": tune.grid_search([dataclasses.asdict(c) for c in candidates])},
         tune_config=tune.TuneConfig(
+            search_alg=CorrectedSearcher(candidates, max_trials, metric=METRIC),
+            num_samples=max_trials,
             # max_t past the last step: a trial that runs to its end finishes by itself
             # (its TorchTrainer returns and releases its workers) instead of being
             # stopped by ASHA at its last report.

@@ -24,6 +24,7 @@ from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inp
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import Projection, WorkerJob
+from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock
 from orchestrator.train.sync import DDPSync, GradientSync, collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
 
@@ -159,6 +160,7 @@ class HybridWorker:
         self.noise = NoiseScaleEstimator()
         self.last_report = time.monotonic()
         self.unreported: list[float] = []  # step times since the last report
+        self.clock = StepClock()
 
     def train_step(self, step: int) -> dict[str, float]:
         """Step `step` (0-based): train, and return its metrics (`step_time_s`: the
@@ -166,18 +168,23 @@ class HybridWorker:
         and without one once `REPORT_INTERVAL_S` has passed since the last report."""
         cfg, world = self.cfg, self.world
         _maybe_fail(cfg, step, self.rank, self.marker_dir)
+        clock = self.clock
+        clock.start()
         batch = self.source.batch(step)
-        started = time.perf_counter()
+        clock.mark("data")
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.executor.step(batch, self.global_batch // world,
                                   on_device_done=self.sync.launch)
+        clock.mark("compute")
         norms = self.sync.finish()
+        clock.mark("allreduce")
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
         self.optimizer.step()
         # The step's time is a value the host needs: wait for the devices once here.
         synchronize(self.devices)
-        step_time = time.perf_counter() - started
+        clock.mark("optimizer")
+        step_time = clock.current_modelled_s()
         # One allreduce for the loss, the local gradient norm (both averaged) and
         # whether any worker is due to report, so that all report at the same steps.
         due = time.monotonic() - self.last_report >= REPORT_INTERVAL_S
@@ -187,6 +194,7 @@ class HybridWorker:
         if world > 1:
             dist.all_reduce(scalars)
         scalars = scalars.cpu()
+        clock.mark("idle")
         if world > 1:
             scalars[:2] /= world
             self.noise.update(float(scalars[1]), norms[1], self.global_batch / world,
@@ -198,7 +206,9 @@ class HybridWorker:
         metrics = {"step": step + 1, "loss": self.history["losses"][-1],
                    "step_time_s": median_step, "samples_per_s": self.global_batch / median_step,
                    **_projection(self.projection, self.noise, self.global_batch,
-                                 self.history["step_times_s"])}
+                                 self.history["step_times_s"][WARMUP_STEPS:]
+                                 or self.history["step_times_s"]),
+                   **clock.medians()}
         checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
         report_due = bool(scalars[2] > 0)
         if checkpoint_due:
@@ -210,6 +220,8 @@ class HybridWorker:
         if checkpoint_due or report_due:
             self.last_report = time.monotonic()
             self.unreported.clear()
+        clock.mark("reporting")
+        clock.finish()
         return metrics
 
     def result(self) -> dict:

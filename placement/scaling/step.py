@@ -31,8 +31,13 @@ class BatchRule:
     """b0: the batch the graph's op times were measured at (samples)."""
     min_efficient_batch: float = 8.0
     """m_floor: samples per micro-batch below which an op takes no less time."""
+    fixed_fraction: float = 0.0
+    """f: the share of an op's time at b0 that does not depend on the batch (launches,
+    the interpreter, allocations), from `fit_fixed_fraction`; 0 is purely linear."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.fixed_fraction <= 1.0:
+            raise ValueError(f"fixed_fraction={self.fixed_fraction}: must be in [0, 1]")
         if not (self.profiled_batch > 0 and math.isfinite(self.profiled_batch)):
             raise UserError(f"profiled batch {self.profiled_batch}: must be > 0 samples "
                             "(pass --profiled-batch or set the graph's metadata.batch)")
@@ -41,12 +46,25 @@ class BatchRule:
 
     def compute_factor(self, batch: float, num_micro_batches: int) -> float:
         """Factor on an op's profiled full-batch time such that each of its K
-        micro-batch tasks (1/K of it) costs t(b0) * max(batch / K, m_floor) / b0."""
+        micro-batch tasks (1/K of it) costs t(b0) * (f + (1 - f) * m / b0), with
+        m = max(batch / K, m_floor): affine in the micro-batch, as t(m) = alpha + beta m."""
         micro = max(batch / num_micro_batches, self.min_efficient_batch)
-        return num_micro_batches * micro / self.profiled_batch
+        f = self.fixed_fraction
+        return num_micro_batches * (f + (1 - f) * micro / self.profiled_batch)
 
     def data_factor(self, batch: float) -> float:
         return batch / self.profiled_batch
+
+
+def fit_fixed_fraction(batch: float, time_s: float, larger_batch: float,
+                       larger_time_s: float) -> float:
+    """f of t(b) = alpha + beta b through two profiles, as alpha / t(batch), clipped to
+    [0, 1] (timing noise can put the line's intercept a little below 0 or above t)."""
+    if not (larger_batch > batch > 0 and time_s > 0 and larger_time_s > 0):
+        raise ValueError(f"batches {batch} < {larger_batch} and times {time_s}, "
+                         f"{larger_time_s} s must be positive and increasing")
+    beta = (larger_time_s - time_s) / (larger_batch - batch)
+    return min(1.0, max(0.0, (time_s - beta * batch) / time_s))
 
 
 def scale_graph(graph: OpGraph, compute_factor: float, data_factor: float) -> OpGraph:

@@ -124,10 +124,17 @@ def assert_report_renders(page: Path, screenshot: Path) -> None:
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
     dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
-    assert 'data-images-loaded="4/4"' in dom, dom[-2000:]
+    assert f'data-images-loaded="{len(PLOTS)}/{len(PLOTS)}"' in dom, dom[-2000:]
     subprocess.run([chromium, *flags, "--window-size=1200,1700", f"--screenshot={screenshot}",
                     page.as_uri()], capture_output=True, timeout=120)
     assert screenshot.read_bytes()[:4] == b"\x89PNG"
+
+
+PLOTS = ("predicted_vs_measured.png", "breakdown.png", "sweep.png", "losses.png",
+         "crossover.png", "plan.png")
+TRIAL_FIELDS = {"mp_degree", "dp_degree", "global_batch", "num_micro_batches",
+                "predicted_step_s", "measured_step_s", "projected_time_s", "correction",
+                "breakdown_s"}
 
 
 def check_results(storage: Path, num_trials: int) -> dict:
@@ -136,16 +143,34 @@ def check_results(storage: Path, num_trials: int) -> dict:
     for trial in trials:
         assert list(trial.glob("events.out.tfevents.*")), f"no TensorBoard events in {trial}"
     assert (storage / "report" / "index.html").is_file()
-    for plot in ("sweep.png", "crossover.png", "plan.png", "predicted_vs_measured.png"):
+    for plot in PLOTS:
         assert (storage / "report" / plot).read_bytes()[:4] == b"\x89PNG"
     winner = json.loads((storage / "winner.json").read_text())
     assert len(winner["final"]["losses"]) > 0
+    assert len(winner["trials"]) == num_trials
+    for t in winner["trials"]:
+        assert TRIAL_FIELDS <= set(t), TRIAL_FIELDS - set(t)
     return winner
+
+
+def assert_predictions_hold(winner: dict) -> None:
+    """Every mp_degree was tried, and every trial ranked with a correction of its own
+    mp_degree measured within 15% of the prediction that ranked it."""
+    trials = winner["trials"]
+    assert {t["mp_degree"] for t in trials} >= {1, 2}, [t["key"] for t in trials]
+    calibrated = [t for t in trials if t["calibrated"]]
+    assert calibrated, [t["key"] for t in trials]
+    for t in calibrated:
+        error = t["measured_step_s"] / t["predicted_step_s"] - 1
+        assert abs(error) <= 0.15, (t["key"], t["predicted_step_s"], t["measured_step_s"],
+                                    t["breakdown_s"])
 
 
 def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     storage = tmp_path / "biglstm"
-    args = ["--preset", "tiny", "--max-trials", "2", "--trial-steps", "3",
+    # Three trials: mp 1 and mp 2 first, then one ranked with its mp_degree's correction;
+    # 20 steps make a median the 15% can be checked on.
+    args = ["--preset", "tiny", "--max-trials", "3", "--trial-steps", "20",
             "--final-steps", "4", "--storage", str(storage)]
     # The driver is killed once the first trial has finished; --resume must not run it again.
     driver = subprocess.Popen([sys.executable, "jobs/bigLSTM.py", *args], cwd=REPO,
@@ -163,9 +188,11 @@ def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
 
     result = submit(ray_head, "bigLSTM.py", *args, "--resume")
     assert_succeeded(result)
-    winner = check_results(storage, num_trials=2)
+    winner = check_results(storage, num_trials=3)
     assert (first / "result.json").read_text() == reports_before  # not run again
     assert winner["model"] == "biglstm"
+    assert_predictions_hold(winner)
+    assert len({t["key"] for t in winner["trials"]}) == 3  # the resumed searcher repeats none
     assert_report_renders(storage / "report" / "index.html", tmp_path / "report.png")
 
 

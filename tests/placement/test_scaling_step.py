@@ -8,7 +8,7 @@ from placement.cluster import preset
 from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
 from placement.planner import PlanConfig, plan
-from placement.scaling.step import BatchRule, optimizer_s, worker_step
+from placement.scaling.step import BatchRule, fit_fixed_fraction, optimizer_s, worker_step
 
 CLUSTER = preset("dgx1-v100")
 MB = 1e6
@@ -87,3 +87,18 @@ def test_a_plan_of_another_graph_is_refused():
 
 def test_optimizer_is_memory_bound():
     assert optimizer_s(900e9, 900e9, 7) == pytest.approx(7.0)
+
+
+def test_fixed_fraction_is_the_intercept_of_the_line_through_two_profiles():
+    # t(b) = 6 ms + 0.5 ms x b: at b = 8, 10 ms of which 6 fixed.
+    f = fit_fixed_fraction(8, 0.010, 32, 0.022)
+    assert f == pytest.approx(0.6)
+    rule = BatchRule(profiled_batch=8, min_efficient_batch=0, fixed_fraction=f)
+    for b in (8, 16, 64):
+        assert 0.010 * rule.compute_factor(b, 1) == pytest.approx(0.006 + 0.0005 * b)
+    # Two micro-batches each pay the fixed part.
+    assert 0.010 * rule.compute_factor(64, 2) == pytest.approx(2 * (0.006 + 0.0005 * 32))
+    assert fit_fixed_fraction(8, 0.010, 32, 0.050) == 0.0  # noise past linear: clipped
+    assert fit_fixed_fraction(8, 0.010, 32, 0.009) == 1.0
+    with pytest.raises(ValueError, match="fixed_fraction=1.5"):
+        BatchRule(profiled_batch=8, fixed_fraction=1.5)

@@ -1,0 +1,70 @@
+"""The sweep's Tune search algorithm: it suggests the candidates one by one in the order
+placement/sweep_rank.py gives, re-fitting the correction each time a trial completes.
+
+A Searcher rather than a grid: Tune asks it for the next trial only when one may start,
+so every trial is ranked with the measurements of all those finished before it. Its
+state is saved with the experiment (save/restore), so --resume continues the order."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Sequence
+
+from ray.tune.search import Searcher
+
+from placement.sweep_rank import Measurement, fit_correction, next_candidate, ranked
+from placement.sweep_space import Candidate
+
+#: The worker's metric of a trial's median step time (warm-up steps left out).
+MEASURED = "measured_step_s"
+
+
+class CorrectedSearcher(Searcher):
+    """Suggests `{"candidate": ..., "ranked": ..., "order": n}` configs (the n-th
+    suggested, from 1), at most `max_trials`."""
+
+    def __init__(self, candidates: Sequence[Candidate], max_trials: int, *, metric: str,
+                 mode: str = "min") -> None:
+        super().__init__(metric=metric, mode=mode)
+        self.candidates = list(candidates)
+        self.max_trials = max_trials
+        self.suggested: dict[str, Candidate] = {}
+        self.measurements: list[Measurement] = []
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if len(self.suggested) >= self.max_trials:
+            return Searcher.FINISHED
+        correction = fit_correction(self.measurements)
+        tried = {c.key() for c in self.suggested.values()}
+        c = next_candidate(self.candidates, tried, correction)
+        if c is None:
+            return Searcher.FINISHED
+        self.suggested[trial_id] = c
+        return {"candidate": c.to_dict(), "ranked": ranked(c, correction).to_dict(),
+                "order": len(self.suggested)}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        measured = (result or {}).get(MEASURED, math.nan)
+        if error or trial_id not in self.suggested or not math.isfinite(measured):
+            return
+        c = self.suggested[trial_id]
+        self.measurements.append(Measurement(mp_degree=c.mp_degree,
+                                             predicted_step_s=c.predicted_step_s,
+                                             measured_step_s=measured))
+
+    def get_state(self) -> dict:
+        return {"candidates": self.candidates, "max_trials": self.max_trials,
+                "suggested": self.suggested, "measurements": self.measurements}
+
+    def set_state(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.get_state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.set_state(pickle.load(f))

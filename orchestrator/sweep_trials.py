@@ -1,0 +1,49 @@
+"""One plain record per trial of a finished sweep, for winner.json and the report: the
+hybrid configuration, the prediction that ranked the trial (after the correction in
+force then), what it measured and where its measured step went."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from orchestrator.search import MEASURED
+from orchestrator.sweep import METRIC
+from orchestrator.train.step_breakdown import PARTS
+from placement.sweep_rank import Correction
+from placement.sweep_space import Candidate
+
+#: A trial ranked with a correction of its own mp_degree must measure within this of it.
+CALIBRATED_TOLERANCE = 0.15
+
+
+def trial_record(config: dict, metrics: dict) -> dict:
+    c = Candidate.from_dict(config["candidate"])
+    ranked = config["ranked"]
+    correction = Correction.from_dict(ranked["correction"])
+    measured = float(metrics[MEASURED])
+    return {
+        "order": config["order"], "trial_id": metrics.get("trial_id"), "key": c.key(),
+        "mp_degree": c.mp_degree, "dp_degree": c.dp_degree, "global_batch": c.global_batch,
+        "num_micro_batches": c.num_micro_batches, "lr": c.lr,
+        "model_step_s": c.predicted_step_s,
+        "predicted_step_s": ranked["predicted_step_s"],
+        "predicted_time_s": ranked["predicted_time_s"],
+        "overhead_s": ranked["overhead_s"], "correction": ranked["correction"],
+        "correction_from": correction.source(c.mp_degree),
+        "calibrated": c.mp_degree in correction.overheads_s,
+        "measured_step_s": measured,
+        "error": measured / ranked["predicted_step_s"] - 1,
+        "projected_time_s": float(metrics[METRIC]),
+        "breakdown_s": {p: float(metrics.get(f"time_{p}_s", math.nan)) for p in PARTS},
+        "loss": float(metrics["loss"]), "noise_scale": metrics.get("noise_scale"),
+        "steps": int(metrics["step"]),
+    }
+
+
+def trial_records(grid: Iterable) -> list[dict]:
+    """Every trial that reported, in the order the sweep started them."""
+    rows = [trial_record(r.config, r.metrics) for r in grid
+            if r.metrics and math.isfinite(r.metrics.get(MEASURED, math.nan))
+            and METRIC in r.metrics]
+    return sorted(rows, key=lambda t: t["order"])

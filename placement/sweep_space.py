@@ -1,0 +1,117 @@
+"""The sweep's search space: every mp_degree that fits the job, each with the global
+batches around its own predicted best, and the scaling model's prediction for each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from placement.cluster import ClusterSpec
+from placement.scaling.crossover import HybridConfig, ScalingParams, project
+from placement.scaling.efficiency import StatisticalEfficiency
+from placement.scaling.step import WorkerStep
+
+#: Global batches the space scans per mp_degree, as multiples of the preset's batch.
+BATCH_MULTIPLES = (1, 2, 4, 8)
+#: Batches kept on each side of an mp_degree's predicted best.
+NUM_NEIGHBOURS = 1
+
+#: The worker step model of one mp_degree: its WorkerStep at a per-worker batch.
+StepModel = Callable[[float], WorkerStep]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One point of the search space, with the scaling model's prediction for it."""
+
+    config: HybridConfig
+    lr: float
+    """Learning rate for this global batch (linear scaling from the preset's)."""
+    predicted_step_s: float
+    """The scaling model's step time, before any correction from measured trials."""
+    predicted_time_s: float
+    """The scaling model's time to accuracy, before any correction."""
+
+    @property
+    def mp_degree(self) -> int:
+        return self.config.mp_degree
+
+    @property
+    def dp_degree(self) -> int:
+        return self.config.dp_degree
+
+    @property
+    def global_batch(self) -> int:
+        return int(self.config.global_batch)
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.config.num_micro_batches
+
+    def key(self) -> str:
+        return f"mp{self.mp_degree}-b{self.global_batch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Candidate:
+        return cls(**{**d, "config": HybridConfig(**d["config"])})
+
+
+def linear_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
+    """Goyal et al. 2017's linear scaling rule: lr proportional to the global batch."""
+    return base_lr * global_batch / base_batch
+
+
+def _options(step_model: StepModel, mp_degree: int, num_gpus: int, cluster: ClusterSpec,
+             base_batch: int, efficiency: StatisticalEfficiency, dataset_size: float,
+             base_lr: float, params: ScalingParams) -> list[Candidate]:
+    """Every scanned batch of one mp_degree that divides into its workers' micro-batches
+    and fits a device's memory, by global batch."""
+    dp = num_gpus // mp_degree
+    out = []
+    for multiple in BATCH_MULTIPLES:
+        gb = base_batch * multiple
+        worker = step_model(gb / dp)
+        if gb % (dp * worker.num_micro_batches):
+            continue
+        p = project(worker, dp, cluster, efficiency, dataset_size, params)
+        if not p.fits_memory:
+            continue
+        out.append(Candidate(config=HybridConfig(dp_degree=dp, mp_degree=mp_degree,
+                                                 global_batch=gb,
+                                                 num_micro_batches=worker.num_micro_batches),
+                             lr=linear_lr(base_lr, base_batch, gb),
+                             predicted_step_s=p.step_s, predicted_time_s=p.time_to_accuracy_s))
+    return out
+
+
+def sweep_space(step_models: Mapping[int, StepModel], cluster: ClusterSpec, *, base_batch: int,
+                num_gpus: int, efficiency: StatisticalEfficiency, dataset_size: float,
+                base_lr: float, params: ScalingParams = ScalingParams()) -> list[Candidate]:
+    """For every mp_degree that fits `num_gpus` and has a batch that fits memory, its
+    predicted best global batch and `NUM_NEIGHBOURS` scanned batches on each side; all
+    of them by predicted time to accuracy. A best at the edge of the scan keeps its one
+    neighbour: the space does not extrapolate past what was scanned."""
+    out: list[Candidate] = []
+    for m, model in sorted(step_models.items()):
+        if m > num_gpus:
+            continue
+        options = _options(model, m, num_gpus, cluster, base_batch, efficiency, dataset_size,
+                           base_lr, params)
+        if not options:
+            continue
+        best = min(range(len(options)), key=lambda i: options[i].predicted_time_s)
+        out += options[max(0, best - NUM_NEIGHBOURS):best + NUM_NEIGHBOURS + 1]
+    return sorted(out, key=lambda c: c.predicted_time_s)
+
+
+def best_per_mp_degree(candidates: Sequence[Candidate]) -> dict[int, Candidate]:
+    """Each mp_degree's candidate of least predicted time to accuracy."""
+    best: dict[int, Candidate] = {}
+    for c in candidates:
+        if c.mp_degree not in best or c.predicted_time_s < best[c.mp_degree].predicted_time_s:
+            best[c.mp_degree] = c
+    return best

@@ -1,0 +1,68 @@
+"""The sweep's Tune search algorithm, driven as Tune drives it (no Ray needed)."""
+
+import pytest
+from ray.tune.search import Searcher
+
+from orchestrator.search import MEASURED, CorrectedSearcher
+from placement.scaling.crossover import HybridConfig
+from placement.sweep_space import Candidate
+
+
+def cand(mp: int, batch: int, time_s: float) -> Candidate:
+    return Candidate(config=HybridConfig(dp_degree=2 // mp, mp_degree=mp, global_batch=batch,
+                                         num_micro_batches=1),
+                     lr=0.1, predicted_step_s=0.01, predicted_time_s=time_s)
+
+
+CANDIDATES = [cand(1, 64, 10.0), cand(1, 32, 12.0), cand(2, 64, 11.0), cand(2, 32, 13.0)]
+
+
+def test_each_trial_carries_the_prediction_that_ranked_it_and_a_measure_reorders(tmp_path):
+    s = CorrectedSearcher(CANDIDATES, max_trials=3, metric="projected_time_s")
+    first = s.suggest("t1")
+    assert first["candidate"]["config"]["mp_degree"] == 1 and first["order"] == 1
+    assert first["ranked"]["overhead_s"] == 0.0
+    s.on_trial_complete("t1", {MEASURED: 0.03})  # mp 1 runs 20 ms a step slower
+    second = s.suggest("t2")
+    assert Candidate.from_dict(second["candidate"]).key() == "mp2-b64"
+    assert second["ranked"]["overhead_s"] == pytest.approx(0.02)  # shared until mp 2 reports
+    assert second["ranked"]["predicted_step_s"] == pytest.approx(0.03)
+    s.on_trial_complete("t2", {MEASURED: 0.01})
+    # Saved and restored (as Tune does on --resume), the order goes on.
+    s.save(str(tmp_path / "searcher.pkl"))
+    restored = CorrectedSearcher([], max_trials=0, metric="projected_time_s")
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    third = restored.suggest("t3")
+    # mp1-b32 corrected to 36 s, mp2-b32 to 13 s.
+    assert Candidate.from_dict(third["candidate"]).key() == "mp2-b32"
+    assert third["ranked"]["correction"]["overheads_s"] == {"1": pytest.approx(0.02),
+                                                            "2": pytest.approx(0.0)}
+    assert restored.suggest("t4") == Searcher.FINISHED
+
+
+def test_a_failed_trial_teaches_nothing():
+    s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
+    s.suggest("t1")
+    s.on_trial_complete("t1", None, error=True)
+    assert s.measurements == []
+    assert s.suggest("t2")["ranked"]["overhead_s"] == 0.0
+
+
+def test_a_trials_record_keeps_the_prediction_that_ranked_it():
+    from orchestrator.sweep_trials import trial_record
+
+    s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
+    s.suggest("t1")
+    s.on_trial_complete("t1", {MEASURED: 0.02})
+    config = s.suggest("t2")
+    s.on_trial_complete("t2", {MEASURED: 0.011})
+    metrics = {MEASURED: 0.011, "projected_time_s": 99.0, "loss": 4.0, "step": 30,
+               "time_compute_s": 0.01}
+    t = trial_record(config, metrics)
+    assert (t["key"], t["order"], t["calibrated"]) == ("mp2-b64", 2, False)
+    assert t["predicted_step_s"] == pytest.approx(0.02)  # 10 ms + mp 1's 10 ms overhead
+    assert t["error"] == pytest.approx(0.011 / 0.02 - 1)
+    # mp2-b32 at 13 s x 1.1 ranks before mp1-b32 at 12 s x 2, by mp 2's own overhead.
+    third = trial_record(s.suggest("t3"), metrics)
+    assert (third["key"], third["calibrated"], third["correction_from"]) == (
+        "mp2-b32", True, "mp 2 trials")
