@@ -141,13 +141,14 @@ def check_results(storage: Path, num_trials: int) -> dict:
     winner = json.loads((storage / "winner.json").read_text())
     assert len(winner["final"]["losses"]) > 0
     assert len(winner["trials"]) == num_trials
+    folders = []
     for t in winner["trials"]:
         assert TRIAL_FIELDS <= set(t), TRIAL_FIELDS - set(t)
-        # A killed driver can leave the folder of a trial Tune had not yet recorded in
-        # its experiment state; the resumed sweep runs that candidate again under a new
-        # trial, so the sweep's trials are the records', not the folders.
         (trial,) = (storage / "sweep").glob(f"_trial_{t['trial_id']}_*")
         assert list(trial.glob("events.out.tfevents.*")), f"no TensorBoard events in {trial}"
+        folders.append(trial)
+    # A trial a killed driver started but never recorded is set aside on --resume.
+    assert sorted((storage / "sweep").glob("_trial_*")) == sorted(folders)
     assert (storage / "report" / "index.html").is_file()
     for plot in PLOTS:
         assert (storage / "report" / plot).read_bytes()[:4] == b"\x89PNG"
