@@ -11,8 +11,10 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
+# -X faulthandler: a crash after the last test (interpreter shutdown, where pytest's own
+# handler is off again) still prints every thread's stack.
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -X faulthandler -m pytest -q -p no:cacheprovider
 
 demo: setup
 	rm -rf results/demo

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 from orchestrator.job_args import (
@@ -30,6 +31,7 @@ from orchestrator.sweep import (
     feasible,
     max_concurrent_trials,
     run_sweep,
+    set_aside_unrecorded_trials,
     train_config,
 )
 from orchestrator.sweep_trials import trial_records
@@ -243,6 +245,11 @@ def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[in
                    dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()))
     grid = run_sweep(kept, job, max_trials=args.max_trials, max_concurrent=concurrent,
                      time_budget_s=args.time_budget_s, resume=args.resume, driver=driver)
+    if args.resume:
+        for folder in set_aside_unrecorded_trials(Path(grid.experiment_path),
+                                                  {r.path for r in grid if r.path}):
+            status("4/6 sweep", f"moved {folder.name}, a trial the interrupted sweep never "
+                                f"recorded (run again as another trial), to {folder.parent}")
     best = best_result(list(grid), grid.experiment_path)
     winner = Candidate.from_dict(best.config["candidate"])
     trials = trial_records(grid)

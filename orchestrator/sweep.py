@@ -138,6 +138,28 @@ def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int
     return tuner.fit()
 
 
+#: Where a resumed sweep moves the folders of trials its experiment state never recorded.
+UNRECORDED = "unrecorded-trials"
+
+
+def set_aside_unrecorded_trials(experiment: Path, recorded: set[str]) -> list[Path]:
+    """Move the trial folders under `experiment` that are none of the `recorded` trials'
+    into `experiment/UNRECORDED`, and return where they went. A driver killed between a
+    trial's start and Tune's next save of its experiment state leaves such a folder; the
+    resumed sweep runs that candidate again under a new trial, so the old folder is a
+    partial run no record points to, which TensorBoard would still show as a trial.
+    Moved, not deleted: it may hold the only logs of what the killed driver was doing."""
+    kept = {Path(p).resolve() for p in recorded}
+    moved = []
+    for folder in sorted(experiment.glob("_trial_*")):
+        if folder.is_dir() and folder.resolve() not in kept:
+            target = experiment / UNRECORDED / folder.name
+            target.parent.mkdir(exist_ok=True)
+            folder.rename(target)
+            moved.append(target)
+    return moved
+
+
 def best_result(results: Sequence[tune.Result], where: str | Path) -> tune.Result:
     """The trial of least projected time to accuracy. A sweep in which no trial got as
     far as a report is refused, with the first trial error, rather than crowning a trial

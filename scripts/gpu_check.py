@@ -24,7 +24,11 @@ status is 1 if any check fails.
   against a measured plain step, tiny BigLSTM, and Inception-V3's paper preset on a
   GPU; on a GPU also max_memory_allocated against the profile's step peak memory;
 - executor overhead: the mp=1 executor step against the plain module's, and the mp=2
-  step (one GPU) against mp=1.
+  step (one GPU) against mp=1;
+- the step breakdown as the worker takes it (orchestrator/train/step_breakdown.py): with
+  the device held busy (torch.cuda._sleep) past the executor's return, as a GPU slower
+  than its host is, the compute part must hold the device's compute (at least 80% of
+  compute + optimizer), not the one synchronize at the optimizer's end.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from orchestrator.profile.trace import Partition, partition as cut, trace  # noq
 from orchestrator.runtime.device_kind import DeviceKind  # noqa: E402
 from orchestrator.runtime.devices import load_state, place_module  # noqa: E402
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs  # noqa: E402
+from orchestrator.train.step_breakdown import StepClock, device_timer  # noqa: E402
 from orchestrator.train.sync import (DDPSync, collective_device, flat_bucket,  # noqa: E402
                                      process_group_backend)
 
@@ -67,6 +72,8 @@ BF16_TOLERANCE = 0.02
 #: there the checks give their figures and fail only if the run itself fails.
 PROFILE_TOLERANCE = 0.10
 OVERHEAD_LIMIT = 1.05
+#: The share of compute + optimizer the step breakdown must put in compute.
+BREAKDOWN_COMPUTE_SHARE = 0.8
 #: GPU cycles a race probe holds its stream (about 20-40 ms on current parts).
 SLEEP_CYCLES = 50_000_000
 
@@ -386,6 +393,34 @@ def check_overhead(device: str) -> tuple[bool, str]:
                 f"one {device} {two_s * 1e3:.2f} ms ({two_s / one_s:.3f}x mp=1)")
 
 
+def check_breakdown(device: str) -> tuple[bool, str]:
+    executor, module, spec = build_executor(MODEL, 2, device)
+    devices = [torch.device(device)] * 2
+    clock = StepClock(device_timer=device_timer(devices))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    batches = [spec.make_batch(spec.batch, seed=s) for s in range(6)]
+    for batch in batches:
+        clock.start()
+        clock.mark("data")
+        optimizer.zero_grad(set_to_none=True)
+        executor.step(batch, spec.batch)
+        if device == "cuda":
+            torch.cuda._sleep(SLEEP_CYCLES)
+        clock.mark("compute")
+        clock.mark("allreduce")
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        clock.mark("optimizer")
+        clock.finish()
+    medians = clock.medians()
+    compute, optimizer_s = medians["time_compute_s"], medians["time_optimizer_s"]
+    share = compute / (compute + optimizer_s)
+    return share >= BREAKDOWN_COMPUTE_SHARE, (
+        f"compute {compute * 1e3:.2f} ms, optimizer {optimizer_s * 1e3:.2f} ms: "
+        f"{share:.0%} of the two in compute (at least {BREAKDOWN_COMPUTE_SHARE:.0%})")
+
+
 def checks(device: str) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
     return [
         ("executor mp=1", lambda: check_executor(device, 1)),
@@ -398,6 +433,7 @@ def checks(device: str) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
         ("profile tiny", lambda: check_profile(device, "biglstm", "tiny")),
         ("profile paper", lambda: check_profile(device, "inception_v3", "paper")),
         ("overhead", lambda: check_overhead(device)),
+        ("step breakdown", lambda: check_breakdown(device)),
     ]
 
 

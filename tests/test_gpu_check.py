@@ -25,7 +25,7 @@ def test_the_gpu_check_passes_on_cpu_without_ray_or_a_solver():
     lines = result.stdout.strip().splitlines()
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     checks = lines[1:-1]
-    assert len(checks) == 10 and all(line.split()[0] in ("OK", "SKIP") for line in checks)
+    assert len(checks) == 11 and all(line.split()[0] in ("OK", "SKIP") for line in checks)
     assert {line.split(":")[0] for line in checks if line.startswith("SKIP")} == {
         "SKIP memory flat", "SKIP checkpoint", "SKIP profile paper"}
     assert lines[-1] == "loaded: []"

@@ -25,9 +25,9 @@ def micro_batch_size(cfg: TrainConfig) -> int:
     return max(1, global_batch // cfg.dp_degree // cfg.num_micro_batches)
 
 
-def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
+def profile_micro_batch(cfg: TrainConfig, **options) -> OpGraph:
     """The model's graph profiled on this machine at one micro-batch of a worker's share
-    of the batch.
+    of the batch (`options`: more of profile_model's, e.g. `device="meta"`).
 
     Profiling at the micro-batch, not at the worker's batch divided by K, keeps what a
     small batch costs per sample (fixed per-op overheads, less efficient kernels) in
@@ -35,14 +35,15 @@ def profile_micro_batch(cfg: TrainConfig) -> OpGraph:
     from orchestrator.profile import profile_model
 
     return profile_model(cfg.model, preset=cfg.preset, target="cpu",
-                         batch=micro_batch_size(cfg), granularity=cfg.granularity)
+                         batch=micro_batch_size(cfg), granularity=cfg.granularity, **options)
 
 
 def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,
                 time_limit_s: float = PLAN_TIME_LIMIT_S,
-                micro: OpGraph | None = None, cluster: ClusterSpec | None = None) -> Plan:
+                micro: OpGraph | None = None, cluster: ClusterSpec | None = None,
+                objective: str = "makespan") -> Plan:
     """Place the worker's ops on its devices by the planning policy within
-    `time_limit_s`, from `micro`, the graph of one micro-batch (profiled now on this
+    `time_limit_s`, for `objective` (as `orchestrator plan --objective`), from `micro`, the graph of one micro-batch (profiled now on this
     machine's CPU when not given), on `cluster`'s devices (default: this machine's
     threads, the devices of CPU hosts and fake-GPU clusters, whose measured CPU costs
     are then the right ones; a GPU run passes its GPUs' preset and a GPU profile:
@@ -58,4 +59,5 @@ def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,
         cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
                                                                 cpu.devices_per_node))
     return policy.plan_worker(graph, cluster, num_devices=cfg.mp_degree,
-                              num_micro_batches=k, time_limit_s=time_limit_s, solver=solver)
+                              num_micro_batches=k, time_limit_s=time_limit_s, solver=solver,
+                              objective=objective)

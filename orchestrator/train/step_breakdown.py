@@ -1,12 +1,22 @@
 """Where the time of a training step went, as a worker measures it: the step is cut at
 the end of each part on one monotonic clock, so the parts of a step sum to its wall
-time exactly. Cheap: a clock read per part, medians computed only when reported."""
+time exactly. Cheap: a clock read per part, medians computed only when reported.
+
+On GPUs the host runs ahead of the devices: `executor.step` returns once its kernels
+are queued, and the step's one synchronize (in the optimizer part) would otherwise be
+charged with all of the devices' compute and allreduce. So on CUDA devices each mark
+also records an event on every device's current stream (the executor's and NCCL's
+streams are ordered before it), and a part ends when the host and every device have
+finished it: the latest of the host's mark and each device's event, read once the step
+is done (the events are complete by then, so reading them costs no extra wait)."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import torch
 
 #: The parts of a step, in the order they happen.
 #: data: the batch; compute: forward and backward (allreduce launches overlap it);
@@ -22,37 +32,99 @@ MODELLED = ("compute", "allreduce", "optimizer")
 WARMUP_STEPS = 1
 
 
-class StepClock:
-    """`start()` a step, `mark(part)` the end of each part in `PARTS` order, `finish()`."""
+class CudaEvents:
+    """The device side of a `StepClock` on CUDA devices: `record()` puts a timing event
+    on each device's current stream; `elapsed_s(start, end)` is, per device, the seconds
+    between two such records (waiting for `end` to complete)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, devices: Sequence[torch.device]) -> None:
+        self.devices = [d for d in devices if d.type == "cuda"]
+
+    def record(self) -> list[torch.cuda.Event]:
+        events = []
+        for d in self.devices:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(d))
+            events.append(event)
+        return events
+
+    def elapsed_s(self, start: list[torch.cuda.Event],
+                  end: list[torch.cuda.Event]) -> list[float]:
+        for event in end:
+            event.synchronize()
+        return [s.elapsed_time(e) / 1e3 for s, e in zip(start, end)]
+
+
+def device_timer(devices: Sequence[torch.device]) -> CudaEvents | None:
+    """The device timer a worker on `devices` needs: none where the host's clock is the
+    devices' (CPU threads run the step before the executor returns)."""
+    timer = CudaEvents(devices)
+    return timer if timer.devices else None
+
+
+class StepClock:
+    """`start()` a step, `mark(part)` the end of each part in `PARTS` order, `finish()`.
+
+    With a `device_timer` (`CudaEvents`, or any object with its `record` and
+    `elapsed_s`), a part ends when the host and every device have finished it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 device_timer: CudaEvents | None = None) -> None:
         self.clock = clock
+        self.device_timer = device_timer
         self.steps: list[dict[str, float]] = []
         self._previous_end: float | None = None
-        self._parts: dict[str, float] = {}
-        self._last = 0.0
+        self._started = 0.0  # where the step under way began: the previous one's end
+        self._start = 0.0  # the host's time when the device timer's start was recorded
+        self._start_events = None
+        # (part, host time, device events) of each mark of the step under way.
+        self._marks: list[tuple[str, float, object]] = []
 
     def start(self) -> None:
         now = self.clock()
         # The loop between the previous step's end and this one counts as idle.
-        self._parts = {"idle": 0.0 if self._previous_end is None else now - self._previous_end}
-        self._last = now
+        self._marks = [] if self._previous_end is None else [("idle", now, None)]
+        self._started = self._previous_end if self._previous_end is not None else now
+        self._start = now
+        self._start_events = self.device_timer.record() if self.device_timer else None
 
     def mark(self, part: str) -> None:
         assert part in PARTS, part
         now = self.clock()
-        self._parts[part] = self._parts.get(part, 0.0) + now - self._last
-        self._last = now
+        events = self.device_timer.record() if self.device_timer else None
+        self._marks.append((part, now, events))
+
+    def _ends(self) -> list[tuple[str, float]]:
+        """Each mark's part and the time it ended: the host's mark, or later where a
+        device finished the part later (never before an earlier part's end)."""
+        ends, latest = [], self._started
+        for part, host, events in self._marks:
+            end = host
+            if events is not None:
+                device = self.device_timer.elapsed_s(self._start_events, events)
+                end = max([host] + [self._start + d for d in device])
+            latest = max(latest, end)
+            ends.append((part, latest))
+        return ends
+
+    def _parts(self) -> tuple[dict[str, float], float]:
+        parts, previous = {}, self._started
+        for part, end in self._ends():
+            parts[part] = parts.get(part, 0.0) + end - previous
+            previous = end
+        return parts, previous
 
     def finish(self) -> dict[str, float]:
-        parts = {p: self._parts.get(p, 0.0) for p in PARTS}
+        measured, end = self._parts()
+        parts = {p: measured.get(p, 0.0) for p in PARTS}
         self.steps.append(parts)
-        self._previous_end = self._last
+        self._previous_end = end
         return parts
 
     def current_modelled_s(self) -> float:
         """The part of the step under way that the scaling model predicts, so far."""
-        return sum(self._parts.get(p, 0.0) for p in MODELLED)
+        parts, _ = self._parts()
+        return sum(parts.get(p, 0.0) for p in MODELLED)
 
     def medians(self) -> dict[str, float]:
         """Median seconds of each part, and of the modelled step, over the steps after

@@ -24,7 +24,7 @@ from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inp
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import Projection, WorkerJob
-from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock
+from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock, device_timer
 from orchestrator.train.sync import DDPSync, GradientSync, collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
 
@@ -160,7 +160,7 @@ class HybridWorker:
         self.noise = NoiseScaleEstimator()
         self.last_report = time.monotonic()
         self.unreported: list[float] = []  # step times since the last report
-        self.clock = StepClock()
+        self.clock = StepClock(device_timer=device_timer(self.devices))
 
     def train_step(self, step: int) -> dict[str, float]:
         """Step `step` (0-based): train, and return its metrics (`step_time_s`: the

@@ -3,6 +3,7 @@
 import itertools
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -56,3 +57,74 @@ def test_medians_leave_out_the_warm_up_and_name_each_part():
     assert medians["measured_step_s"] == pytest.approx(0.1 + 0.0 + 0.01)
     assert set(medians) == {f"time_{p}_s" for p in PARTS} | {"measured_step_s"}
     assert set(MODELLED) <= set(PARTS)
+
+
+class LaggingDevice:
+    """A device timer whose device finishes each part `lag_s[part]` seconds after the
+    host's mark (a GPU the host has run ahead of), on the host's own clock."""
+
+    def __init__(self, clock: FakeClock, lags_s: list[float]) -> None:
+        self.clock = clock
+        self.lags_s = iter(lags_s)
+
+        self.latest = 0.0
+
+    def record(self) -> list[float]:
+        done = self.clock.now + next(self.lags_s)
+        self.latest = max(self.latest, done)
+        return [done]
+
+    def synchronize(self) -> None:
+        self.clock.now = max(self.clock.now, self.latest)
+
+    def elapsed_s(self, start: list[float], end: list[float]) -> list[float]:
+        return [e - s for s, e in zip(start, end)]
+
+
+def test_a_part_ends_when_the_device_finishes_it_not_when_the_host_queued_it():
+    # Host: data 1 ms, compute queued in 2 ms, allreduce wait 1 ms, then the synchronize
+    # the optimizer part holds takes 40 ms. The device finishes compute 30 ms after
+    # the host queued it and the allreduce 38 ms after the host's mark.
+    clock = FakeClock([0.0, 0.001, 0.002, 0.001, 0.040, 0.0, 0.0])
+    steps = StepClock(clock, device_timer=LaggingDevice(clock, [0.0, 0.0, 0.030, 0.038,
+                                                                0.0, 0.0, 0.0]))
+    steps.start()
+    for part in ("data", "compute", "allreduce", "optimizer", "idle", "reporting"):
+        steps.mark(part)
+    parts = steps.finish()
+    assert parts["data"] == pytest.approx(0.001)
+    assert parts["compute"] == pytest.approx(0.032)  # host 2 ms + the device's 30 ms
+    assert parts["allreduce"] == pytest.approx(0.009)  # ends 38 ms after the host's mark
+    assert parts["optimizer"] == pytest.approx(0.002)  # what is left of the 40 ms wait
+    assert sum(parts.values()) == pytest.approx(0.044)  # still the step's wall time
+    assert steps.medians()["measured_step_s"] == pytest.approx(0.043)
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=len(PARTS) * 2, max_size=len(PARTS) * 2),
+       st.lists(st.floats(0.0, 1.0), min_size=len(PARTS) * 2, max_size=len(PARTS) * 2))
+def test_with_a_device_timer_the_parts_still_sum_to_the_wall_time(ticks, lags):
+    clock = FakeClock(ticks)
+    # Per step: the start's record, then one per mark. The device is idle at the start,
+    # and the optimizer part ends in a synchronize: no lag at the start and from then on.
+    lags = [lag if i % len(PARTS) in (1, 2, 3) else 0.0 for i, lag in enumerate(lags)]
+    device = LaggingDevice(clock, lags)
+    steps = StepClock(clock, device_timer=device)
+    begun = None
+    for _ in range(2):
+        steps.start()
+        begun = clock.now if begun is None else begun
+        for part in ("data", "compute", "allreduce"):
+            steps.mark(part)
+        device.synchronize()
+        steps.mark("optimizer")
+        steps.mark("reporting")
+        steps.finish()
+    assert all(v >= 0 for parts in steps.steps for v in parts.values())
+    assert sum(sum(p.values()) for p in steps.steps) == pytest.approx(clock.now - begun,
+                                                                       abs=1e-9)
+
+
+def test_cpu_devices_need_no_device_timer():
+    from orchestrator.train.step_breakdown import device_timer
+
+    assert device_timer([torch.device("cpu"), torch.device("cpu")]) is None

@@ -30,3 +30,23 @@ def test_a_sweep_without_any_report_is_one_line_naming_the_first_error():
     assert "2 of 2 failed" in message
     assert "RuntimeError: The worker group startup timed out" in message
     assert "/storage/sweep" in message and "--resume" in message
+
+
+def test_a_resumed_sweep_sets_aside_the_trial_folders_no_record_points_to(tmp_path):
+    from orchestrator.sweep import UNRECORDED, set_aside_unrecorded_trials
+
+    experiment = tmp_path / "sweep"
+    recorded = [experiment / "_trial_a1_mp1", experiment / "_trial_c3_mp2"]
+    orphan = experiment / "_trial_b2_mp2"
+    for folder in (*recorded, orphan):
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text("{}")
+    (experiment / "experiment_state-x.json").write_text("{}")
+
+    moved = set_aside_unrecorded_trials(experiment, {str(p) for p in recorded})
+
+    assert moved == [experiment / UNRECORDED / orphan.name]
+    assert (moved[0] / "result.json").read_text() == "{}"  # moved, not lost
+    assert sorted(experiment.glob("_trial_*")) == recorded
+    assert (experiment / "experiment_state-x.json").is_file()
+    assert set_aside_unrecorded_trials(experiment, {str(p) for p in recorded}) == []

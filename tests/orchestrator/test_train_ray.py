@@ -12,9 +12,8 @@ from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.capacity import ClusterTooSmallError
 from orchestrator.train.cluster import ray_cluster
-from orchestrator.train.planning import plan_worker
 from orchestrator.train.trainer import fit
-from tests.orchestrator.test_train_local import run_local
+from tests.orchestrator.test_train_local import run_local, split_plan
 
 pytestmark = pytest.mark.ray
 FAKE = DeviceKind.FAKE_GPU
@@ -27,7 +26,7 @@ def fake_cluster():
 
 
 def fit_now(cfg, tmp_path, **kwargs):
-    return fit(cfg, plan_worker(cfg), storage=tmp_path, name=f"run-{time.monotonic_ns()}",
+    return fit(cfg, split_plan(cfg), storage=tmp_path, name=f"run-{time.monotonic_ns()}",
                **kwargs)
 
 
@@ -45,7 +44,7 @@ def test_train_cli_dp2_mp2_on_its_own_fake_cluster(tmp_path, capsys):
     so it runs before this module's shared cluster exists."""
     code = main(["train", "--model", "biglstm", "--dp", "2", "--mp", "2", "--global-batch",
                  "8", "--steps", "3", "--fake-cluster", "2x2", "--storage", str(tmp_path),
-                 "--json"])
+                 "--plan-time-limit", "3", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert len(result["losses"]) == len(result["step_times_s"]) == 3
