@@ -460,9 +460,11 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
                                         unit_of_group, clusters, label, round_deadline)
     if status != "optimal":
         refine(ORDER_REFINE_SHARE)
-        if not (worth_a_round(problem, deadline)
-                and order_round(problem, backend, incumbent, deadline)):
-            refine(1.0 - reserve() / max(deadline - time.perf_counter(), 1e-9))
+        if worth_a_round(problem, deadline):
+            order_round(problem, backend, incumbent, deadline)
+        # The search takes what the order round leaves: it may prove its order early,
+        # or not run at all on an order model over the cap.
+        refine(1.0 - reserve() / max(deadline - time.perf_counter(), 1e-9))
     return max(bound, relaxed_bound), status
 
 
@@ -482,13 +484,12 @@ def _relaxation_round(problem: Problem, backend: Backend, incumbent: Incumbent,
 
 
 def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
-                deadline: float) -> bool:
+                deadline: float) -> None:
     """The second half of a decomposition: keep the incumbent's placement and let the
     MILP choose each device's task order, which the list schedule fixes by upward
     rank. With the units pinned to distinct devices only pairs on one device are order
     decisions, a fraction of the full model's. Its bound holds for this placement
-    alone, so it proves nothing about the problem and is dropped. Returns whether the
-    solver ran (not when the order model is over its cap or no time is left)."""
+    alone, so it proves nothing about the problem and is dropped."""
     tg, k = problem.tg, problem.num_devices
     placed = incumbent.source
     schedule = (evaluate_order(tg, incumbent.group_device, incumbent.order)
@@ -505,7 +506,7 @@ def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
         incumbent.notes.append(f"the order model of the best placement has "
                                f"{len(data.pairs)} order decisions (more than {MAX_PAIRS}): "
                                "kept its list schedule")
-        return False
+        return
     model = build_makespan(data)
     set_start(model, data, np.arange(num_used), schedule.start_s)
     for u in model.U:
@@ -515,7 +516,7 @@ def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     # clock a little under load, and for packaging the plan.
     left = deadline - time.perf_counter() - min(2.0, 0.1 * problem.config.time_limit_s)
     if left < 0.5:
-        return False
+        return
     options = SolveOptions(time_limit_s=left, gap=problem.config.gap,
                            threads=problem.config.threads,
                            cutoff=incumbent.value / data.scale)
@@ -523,7 +524,7 @@ def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     result = run_checked(backend, model, options, incumbent)
     found = solution(model, data) if result.has_solution else None
     if found is None:
-        return True
+        return
     unit_device, start = found
     group_device = unit_device[device]
     order = _expand_order(tg, [[t] for t in range(tg.num_tasks)], group_device[tg.group],
@@ -531,10 +532,9 @@ def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     try:
         value = evaluate_order(tg, group_device, order).step_time_s
     except OrderError:
-        return True
+        return
     incumbent.offer(group_device, value, f"{backend.name} order on the {placed} placement",
                     order)
-    return True
 
 
 def _level(tg: TaskGraph, k: int, problem: Problem,
