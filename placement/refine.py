@@ -7,15 +7,22 @@ one of another device. Moves start from the groups of the worst device (the busi
 for max-load; the last to finish for step time), since only those can lower the value.
 A plateau move is taken when it keeps the value and lowers the sum of squared device
 loads, which spreads work and opens the next real improvement.
+
+For step time a cheaper neighbourhood comes first (`chain_search`): only the groups of
+the schedule's critical chain, whichever devices they sit on, since a move elsewhere
+cannot shorten the chain that sets the step time; the first improving move is taken,
+so each step costs a few simulations where the full neighbourhood costs hundreds.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+ChainScore = Callable[[np.ndarray], tuple[tuple[float, float], Sequence[int]]]
+"""group_device -> ((objective value, tie-break), the groups of its critical chain)."""
 Score = Callable[[np.ndarray], tuple[float, np.ndarray]]
 """group_device -> (objective value, per-device load used to pick and to break ties)."""
 
@@ -88,3 +95,74 @@ def _best_move(current: np.ndarray, value: float, loads: np.ndarray, score: Scor
         return None
     _, changes, v, new_loads = best
     return changes, v, new_loads
+
+
+def chain_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,
+                 group_memory: np.ndarray, memory_cap: float,
+                 deadline: float) -> tuple[np.ndarray, float]:
+    """Move one group of the critical chain at a time to another device while that
+    lowers (value, tie-break), taking the first such move, until none does or
+    `deadline` passes; returns the placement and its value."""
+    best, key, _ = _chain_descent(group_device, score(group_device), score, num_devices,
+                                  group_memory, memory_cap, deadline)
+    return best, key[0]
+
+
+def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devices: int,
+                   group_memory: np.ndarray, memory_cap: float, deadline: float):
+    """`chain_search` from a placement whose score is known; returns the placement,
+    its key and its critical chain's groups."""
+    best = group_device.copy()
+    key, chain = scored
+    used = np.bincount(best, weights=group_memory, minlength=num_devices)
+    improved = True
+    while improved and time.perf_counter() <= deadline:
+        improved = False
+        for g in chain:
+            old = int(best[g])
+            for d in range(num_devices):
+                if d == old or used[d] + group_memory[g] > memory_cap:
+                    continue
+                best[g] = d
+                new_key, new_chain = score(best)
+                if new_key < key:
+                    used[old] -= group_memory[g]
+                    used[d] += group_memory[g]
+                    key, chain, improved = new_key, new_chain, True
+                    break
+                best[g] = old
+            if improved or time.perf_counter() > deadline:
+                break
+    return best, key, chain
+
+
+def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,
+                  group_memory: np.ndarray, memory_cap: float, deadline: float,
+                  rng: np.random.Generator, kick: int = 2, patience: int = 100,
+                  good_enough: float = -np.inf) -> tuple[np.ndarray, float]:
+    """Iterated local search: from the best placement so far, move `kick` random groups
+    of its critical chain to random devices that have memory for them, run
+    `chain_search`, and keep the result when it is better; until `deadline`,
+    `patience` kicks in a row without a gain, or a value of at most `good_enough` (a
+    proven bound, say). What the single moves cannot reach alone (a chain that gets
+    longer before it gets shorter) these kicks can."""
+    best, (best_key, chain) = group_device.copy(), score(group_device)
+    misses = 0
+    while (time.perf_counter() < deadline and num_devices > 1 and misses < patience
+           and best_key[0] > good_enough):
+        misses += 1
+        trial = best.copy()
+        used = np.bincount(trial, weights=group_memory, minlength=num_devices)
+        for g in rng.choice(chain, size=min(kick, len(chain)), replace=False).tolist():
+            fits = [d for d in range(num_devices) if d != trial[g]
+                    and used[d] + group_memory[g] <= memory_cap]
+            if fits:
+                d = int(rng.choice(fits))
+                used[trial[g]] -= group_memory[g]
+                used[d] += group_memory[g]
+                trial[g] = d
+        trial, key, trial_chain = _chain_descent(trial, score(trial), score, num_devices,
+                                                 group_memory, memory_cap, deadline)
+        if key < best_key:
+            best, best_key, chain, misses = trial, key, trial_chain, 0
+    return best, best_key[0]

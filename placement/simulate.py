@@ -197,6 +197,30 @@ def _shared_host_times(tg: TaskGraph, dev: np.ndarray,
     return start, finish
 
 
+def critical_chain(tg: TaskGraph, schedule: Schedule) -> list[int]:
+    """The tasks of a chain of binding constraints that ends at the last finish, last
+    first: each task started when this predecessor's output arrived or when the task
+    before it on its device finished. Only moving a task of this chain (or shortening
+    what it waits for) can lower the step time, which is what local search exploits."""
+    if tg.num_tasks == 0:
+        return []
+    previous = np.full(tg.num_tasks, -1, dtype=np.int64)
+    for tasks in schedule.order:
+        previous[list(tasks[1:])] = tasks[:-1]
+    slack = 1e-9 * max(schedule.step_time_s, 1e-300)
+    dev, start, finish = schedule.device, schedule.start_s, schedule.finish_s
+    chain = [int(np.argmax(finish))]
+    while True:
+        t = chain[-1]
+        binding = [p for p, c in tg.predecessors[t]
+                   if finish[p] + (c if dev[p] != dev[t] else 0.0) >= start[t] - slack]
+        if not binding and previous[t] >= 0 and finish[previous[t]] >= start[t] - slack:
+            binding = [int(previous[t])]
+        if not binding:
+            return chain
+        chain.append(int(binding[0]))
+
+
 def upward_rank(tg: TaskGraph, comm_weight: np.ndarray | float) -> np.ndarray:
     """HEFT's upward rank: a task's time plus the longest (time + transfer) path after
     it; `comm_weight` scales each edge's transfer (0 where its ends share a device)."""
@@ -244,15 +268,24 @@ class DeviceTimeline:
         self.ends.insert(i, end_s)
 
 
-def list_schedule(tg: TaskGraph, group_device: np.ndarray, num_devices: int) -> Schedule:
+def list_schedule(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
+                  stagger_s: float = 0.0) -> Schedule:
     """An order for a fixed placement: tasks by upward rank, each inserted at its
-    device's earliest fitting gap; then evaluated as-soon-as-possible in that order."""
+    device's earliest fitting gap; then evaluated as-soon-as-possible in that order.
+
+    `stagger_s` lowers the rank of micro-batch m's tasks by m x stagger_s: the copies
+    of one op then no longer tie, and earlier micro-batches go first by about that
+    much, as in a pipeline's schedule, so a device works on the next micro-batch's
+    early ops while the previous one's later ops run elsewhere."""
     dev = tg.task_devices(group_device)
     crossing = (dev[tg.edge_src] != dev[tg.edge_dst]).astype(float)
     ready_finish = np.zeros(tg.num_tasks)
     timelines = [DeviceTimeline() for _ in range(num_devices)]
     start = np.zeros(tg.num_tasks)
-    for t in priority_order(tg, upward_rank(tg, crossing)):
+    rank = upward_rank(tg, crossing)
+    if stagger_s:
+        rank = rank - stagger_s * np.array([t.micro_batch for t in tg.tasks])
+    for t in priority_order(tg, rank):
         ready = max((ready_finish[p] + (c if dev[p] != dev[t] else 0.0)
                      for p, c in tg.predecessors[t]), default=0.0)
         s = timelines[dev[t]].earliest_start(ready, tg.duration_s[t])

@@ -1,0 +1,89 @@
+"""The critical chain of a schedule and the local search that moves its groups."""
+
+import time
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.refine import chain_search, kicked_search
+from placement.simulate import critical_chain, list_schedule
+from tests.placement.helpers import dag
+from tests.placement.test_simulate import random_dags, tasks
+
+
+@settings(max_examples=80, deadline=None)
+@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.randoms())
+def test_the_critical_chain_adds_up_to_the_step_time(graph, k, micro, rnd):
+    tg = tasks(graph, k=micro)
+    gd = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    sched = list_schedule(tg, gd, k)
+    chain = critical_chain(tg, sched)
+    # Last first: it ends at the last finish and starts at time 0, and each task
+    # starts exactly when the one after it in the list delivers (its output plus the
+    # transfer, or its device frees up), so the chain's times sum to the step time.
+    assert sched.finish_s[chain[0]] == sched.step_time_s
+    assert sched.start_s[chain[-1]] <= 1e-9
+    total = 0.0
+    for later, earlier in zip(chain, chain[1:]):
+        cost = {p: c for p, c in tg.predecessors[later]}.get(earlier)
+        crossing = sched.device[later] != sched.device[earlier]
+        delay = cost if cost is not None and crossing else 0.0
+        assert abs(sched.start_s[later] - (sched.finish_s[earlier] + delay)) <= 1e-9
+        total += tg.duration_s[later] + delay
+    total += tg.duration_s[chain[-1]]
+    assert abs(total - sched.step_time_s) <= 1e-9 * max(1.0, sched.step_time_s)
+
+
+def chain_score(tg, k):
+    def score(gd):
+        sched = list_schedule(tg, gd, k)
+        groups = dict.fromkeys(tg.group[critical_chain(tg, sched)].tolist())
+        return (sched.step_time_s, 0.0), list(groups)
+    return score
+
+
+def test_chain_search_splits_two_independent_chains():
+    # Two chains of three 1 s ops, everything on device 0: 6 s. Moving the groups of
+    # the critical chain one at a time ends with one chain on each device: 3 s.
+    g = dag([1.0] * 6, [(0, 1), (1, 2), (3, 4), (4, 5)], cost=0.0)
+    tg = tasks(g, training=False)
+    start = np.zeros(tg.num_groups, dtype=np.int64)
+    gd, value = chain_search(start, chain_score(tg, 2), num_devices=2,
+                             group_memory=np.zeros(tg.num_groups), memory_cap=1.0,
+                             deadline=time.perf_counter() + 10)
+    assert value == 3.0
+    assert list_schedule(tg, gd, 2).step_time_s == 3.0
+    assert start.tolist() == [0] * 6, "the start placement is not changed in place"
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_dags(), st.integers(2, 3), st.randoms())
+def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, rnd):
+    tg = tasks(graph)
+    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
+    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    gd, value = chain_search(start, chain_score(tg, k), num_devices=k,
+                             group_memory=memory, memory_cap=cap,
+                             deadline=time.perf_counter() + 10)
+    assert np.bincount(gd, weights=memory, minlength=k).max() <= cap * (1 + 1e-12)
+    assert value == list_schedule(tg, gd, k).step_time_s
+    assert value <= list_schedule(tg, start, k).step_time_s
+
+
+def test_kicks_escape_where_single_chain_moves_stop():
+    # With a transfer on every crossing edge, single moves of chain groups from
+    # everything on device 0 stop at 3.5 s; kicks of two groups at a time reach 3.25.
+    g = dag([1.0] * 6, [(0, 1), (1, 2), (3, 4), (4, 5)], cost=0.25)
+    tg = tasks(g, training=False)
+    start = np.zeros(tg.num_groups, dtype=np.int64)
+    common = dict(num_devices=2, group_memory=np.zeros(tg.num_groups), memory_cap=1.0)
+    _, single = chain_search(start, chain_score(tg, 2), **common,
+                             deadline=time.perf_counter() + 10)
+    gd, kicked = kicked_search(start, chain_score(tg, 2), **common,
+                               deadline=time.perf_counter() + 0.5,
+                               rng=np.random.default_rng(0))
+    assert single == 3.5
+    assert kicked <= 3.25
+    assert kicked == list_schedule(tg, gd, 2).step_time_s
