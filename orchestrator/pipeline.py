@@ -41,7 +41,7 @@ from placement.cluster import ClusterSpec
 from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.io import save_graph
-from placement.plan import Plan
+from placement.plan import Plan, load_plan
 from placement.policy import plan_mp_degrees
 from placement.scaling.crossover import CrossoverResult, crossover
 from placement.scaling.efficiency import NoiseScaleModel, StatisticalEfficiency
@@ -49,6 +49,10 @@ from placement.scaling.step import BatchRule, worker_step
 from placement.scaling.timed_step import TimedStep
 from placement.scaling.workers import default_batches, worker_steps
 from placement.sweep_space import Candidate, StepModel, scanned_worker_batches, sweep_space
+
+#: Where the job keeps its timed steps (a resumed job ranks with them again).
+TIMED_STEPS_FILE = "timed_steps.json"
+
 
 def status(stage: str, text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {stage}: {text}", flush=True)
@@ -200,13 +204,20 @@ def profile_stage(args: JobArgs, base_batch: int, devices: JobDevices) -> OpGrap
 
 
 def plan_stage(args: JobArgs, graph: OpGraph, devices: JobDevices) -> dict[int, Plan]:
-    """A plan for every mp_degree that fits on a node, saved under plans/."""
+    """A plan for every mp_degree that fits on a node, saved under plans/. A resumed
+    job keeps the plans its sweep was ranked with: a plan made again on a loaded host
+    may differ (another placement, another micro-batch count), and the trials still to
+    run carry the first run's candidates."""
     cluster = devices.cluster
     mps = mp_candidates(cluster.devices_per_node, devices.num_gpus)
+    plans_dir = args.storage / "plans"
+    saved = {m: plans_dir / f"plan_mp{m}.json" for m in mps}
+    if args.resume and all(path.exists() for path in saved.values()):
+        status("2/6 plan", f"--resume: the sweep's plans for mp_degree {mps}, from {plans_dir}")
+        return {m: load_plan(path) for m, path in saved.items()}
     status("2/6 plan", f"mp_degree {mps} on {cluster.name}, within "
                        f"{args.plan_time_limit_s:g} s")
     plans = plan_candidates(graph, cluster, mps, args.plan_time_limit_s)
-    plans_dir = args.storage / "plans"
     plans_dir.mkdir(exist_ok=True)
     for m, p in plans.items():
         p.save(plans_dir / f"plan_mp{m}.json")
@@ -243,6 +254,11 @@ def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[i
     trials the scaling model ranks."""
     if not devices.kind.measured_here:
         return None
+    saved = args.storage / TIMED_STEPS_FILE
+    if args.resume and saved.exists():
+        # The sweep's candidates were ranked by these; the trials still to run keep them.
+        status("4/6 sweep", f"--resume: the sweep's timed steps, from {saved}")
+        return {t["mp_degree"]: TimedStep.from_dict(t) for t in json.loads(saved.read_text())}
     from orchestrator.train.step_timing import time_worker_steps
 
     batches = scanned_worker_batches(step_models(graph, plans, devices.cluster, rule),
@@ -252,6 +268,7 @@ def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[i
     status("4/6 sweep", f"timing each mp_degree's executor step here, at the worker batches "
                         f"{ {m: [int(b) for b in bs] for m, bs in batches.items()} }")
     timed = time_worker_steps(args.model, args.preset, plans, batches)
+    saved.write_text(json.dumps([t.to_dict() for t in timed.values()], indent=1) + "\n")
     for t in timed.values():
         status("4/6 sweep", timed_status(t))
     return timed

@@ -18,7 +18,8 @@ from placement.plan import Plan
 from placement.scaling.timed_step import TimedStep, timed_step
 
 #: Timed rounds per mp_degree at most; a round is one step at each batch, in turn.
-MAX_ROUNDS = 15
+#: Tiny BigLSTM's 25 rounds span about as many seconds as a 60-step trial's median.
+MAX_ROUNDS = 25
 #: Rounds always timed, however long they take (medians of fewer say little).
 MIN_ROUNDS = 3
 #: Seconds of rounds per mp_degree after which no new round starts (a large model's

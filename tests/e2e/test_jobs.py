@@ -177,7 +177,9 @@ def assert_every_mp_degree_ranked(winner: dict) -> None:
 def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     storage = tmp_path / "biglstm"
     # Three trials: mp 1 and mp 2 first, then one ranked with its mp_degree's correction.
-    args = ["--preset", "tiny", "--max-trials", "3", "--trial-steps", "10",
+    # 60 steps, as in `make demo`: a trial's median then spans a few seconds of this
+    # shared host's load, not a fraction of one.
+    args = ["--preset", "tiny", "--max-trials", "3", "--trial-steps", "60",
             "--final-steps", "4", "--storage", str(storage)]
     # The driver is killed once the first trial has finished; --resume must not run it again.
     driver = subprocess.Popen([sys.executable, "jobs/bigLSTM.py", *args], cwd=REPO,
