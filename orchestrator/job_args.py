@@ -31,6 +31,8 @@ from placement.scaling.efficiency import (
 #: The planning stage's budget: keeps `make demo` (BigLSTM tiny, 2 cores) within 3
 #: minutes end to end (docs/benchmarks.md, "The job's planning stage").
 DEFAULT_PLAN_TIME_LIMIT_S = 20.0
+#: SGD-with-momentum learning rate at the model's batch, for a model naming none.
+DEFAULT_LR = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +155,15 @@ class JobInputs:
     """The given or documented statistical efficiency; None: calibrate."""
     dataset_size: float
     """Samples per epoch."""
+    base_lr: float
+    """Learning rate at `base_batch`: the model's own (`ModelSpec.lr`) or DEFAULT_LR at
+    its batch, scaled linearly to `base_batch` (Goyal et al. 2017)."""
+
+
+def base_lr(spec_lr: float | None, spec_batch: int | None, base_batch: int) -> float:
+    """The learning rate at `base_batch`, from the model's at its own batch."""
+    lr = DEFAULT_LR if spec_lr is None else spec_lr
+    return lr if spec_batch is None else lr * base_batch / spec_batch
 
 
 def check_job(args: JobArgs) -> JobInputs:
@@ -168,4 +179,5 @@ def check_job(args: JobArgs) -> JobInputs:
     return JobInputs(base_batch=base_batch,
                      efficiency=known_efficiency(args.curve, args.noise_scale, args.min_epochs,
                                                  args.model),
-                     dataset_size=dataset_size_for(args.dataset_size, args.model, own_samples))
+                     dataset_size=dataset_size_for(args.dataset_size, args.model, own_samples),
+                     base_lr=base_lr(spec.lr, spec.batch, base_batch))

@@ -43,16 +43,17 @@ from placement.cluster import ClusterSpec
 from placement.errors import UserError
 from placement.graph import OpGraph
 from placement.io import save_graph
-from placement.plan import Plan
+from placement.plan import Plan, load_plan
 from placement.policy import plan_mp_degrees
 from placement.scaling.crossover import CrossoverResult, crossover
 from placement.scaling.efficiency import NoiseScaleModel, StatisticalEfficiency
 from placement.scaling.step import BatchRule, worker_step
+from placement.scaling.timed_step import TimedStep
 from placement.scaling.workers import default_batches, worker_steps
-from placement.sweep_space import Candidate, sweep_space
+from placement.sweep_space import Candidate, StepModel, scanned_worker_batches, sweep_space
 
-#: The preset learning rate of SGD with momentum at the preset's batch.
-BASE_LR = 0.05
+#: Where the job keeps its timed steps (a resumed job ranks with them again).
+TIMED_STEPS_FILE = "timed_steps.json"
 
 
 def status(stage: str, text: str) -> None:
@@ -100,14 +101,22 @@ def plan_status(mp_degree: int, p: Plan) -> str:
     return line + "".join(f"; {n}" for n in why)
 
 
+def step_models(graph, plans: dict[int, Plan], cluster: ClusterSpec,
+                rule: BatchRule) -> dict[int, StepModel]:
+    """The scaling model's worker step of each plan, at any per-worker batch."""
+    return {m: (lambda batch, p=p: worker_step(graph, p, cluster, batch, rule))
+            for m, p in plans.items()}
+
+
 def candidates_for(graph, plans: dict[int, Plan], cluster: ClusterSpec, base_batch: int,
                    num_gpus: int, efficiency: StatisticalEfficiency,
-                   dataset_size: float, rule: BatchRule) -> list[Candidate]:
-    """The sweep space of the job's plans (placement/sweep_space.py)."""
-    models = {m: (lambda batch, p=p: worker_step(graph, p, cluster, batch, rule))
-              for m, p in plans.items()}
-    return sweep_space(models, cluster, base_batch=base_batch, num_gpus=num_gpus,
-                       efficiency=efficiency, dataset_size=dataset_size, base_lr=BASE_LR)
+                   dataset_size: float, rule: BatchRule, base_lr: float,
+                   timed: dict[int, TimedStep] | None = None) -> list[Candidate]:
+    """The sweep space of the job's plans (placement/sweep_space.py), predicted by the
+    timed steps where there are some."""
+    return sweep_space(step_models(graph, plans, cluster, rule), cluster,
+                       base_batch=base_batch, num_gpus=num_gpus, efficiency=efficiency,
+                       dataset_size=dataset_size, base_lr=base_lr, timed=timed)
 
 
 def batch_rule(args: JobArgs, base_batch: int, measured_here: bool) -> BatchRule:
@@ -126,8 +135,9 @@ def batch_rule(args: JobArgs, base_batch: int, measured_here: bool) -> BatchRule
 
 def trial_status(t: dict) -> str:
     """One status line per trial: the prediction it was ranked by against its measure."""
-    return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step (model "
-            f"{t['model_step_s'] * 1e3:.1f} ms {t['overhead_s'] * 1e3:+.1f} ms, from "
+    return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step "
+            f"({t['step_source']} {t['model_step_s'] * 1e3:.1f} ms "
+            f"{t['overhead_s'] * 1e3:+.1f} ms, from "
             f"{t['correction_from']}), measured {t['measured_step_s'] * 1e3:.1f} ms "
             f"({t['error']:+.0%})")
 
@@ -152,10 +162,11 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
                              say=lambda text: status("0/6 devices", text))
     graph = profile_stage(args, inputs.base_batch, devices)
     plans = plan_stage(args, graph, devices)
-    efficiency = inputs.efficiency or calibrate(args, inputs.base_batch, devices.kind)
+    efficiency = inputs.efficiency or calibrate(args, inputs, devices.kind)
     rule = batch_rule(args, inputs.base_batch, devices.kind.measured_here)
     result = crossover_stage(args, inputs, graph, plans, devices, efficiency, rule)
-    sweep = sweep_stage(args, inputs, graph, plans, devices, efficiency, rule)
+    timed = timing_stage(args, inputs, graph, plans, devices, efficiency, rule)
+    sweep = sweep_stage(args, inputs, graph, plans, devices, efficiency, rule, timed)
     final = train_stage(args, sweep.winner, plans, devices)
     summary = {
         "model": args.model, "preset": args.preset, "cluster": devices.cluster.name,
@@ -168,6 +179,8 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
                   "workers": final["workers"]},
         "pruned": sweep.pruned,
         "hybrid": dataclasses.asdict(sweep.winner.config),
+        "step_prediction": sweep.winner.step_source,
+        "timed_steps": None if timed is None else [t.to_dict() for t in timed.values()],
         "trials": sweep.trials,
     }
     report_stage(args, plans, result, summary)
@@ -193,13 +206,20 @@ def profile_stage(args: JobArgs, base_batch: int, devices: JobDevices) -> OpGrap
 
 
 def plan_stage(args: JobArgs, graph: OpGraph, devices: JobDevices) -> dict[int, Plan]:
-    """A plan for every mp_degree that fits on a node, saved under plans/."""
+    """A plan for every mp_degree that fits on a node, saved under plans/. A resumed
+    job keeps the plans its sweep was ranked with: a plan made again on a loaded host
+    may differ (another placement, another micro-batch count), and the trials still to
+    run carry the first run's candidates."""
     cluster = devices.cluster
     mps = mp_candidates(cluster.devices_per_node, devices.num_gpus)
+    plans_dir = args.storage / "plans"
+    saved = {m: plans_dir / f"plan_mp{m}.json" for m in mps}
+    if args.resume and all(path.exists() for path in saved.values()):
+        status("2/6 plan", f"--resume: the sweep's plans for mp_degree {mps}, from {plans_dir}")
+        return {m: load_plan(path) for m, path in saved.items()}
     status("2/6 plan", f"mp_degree {mps} on {cluster.name}, within "
                        f"{args.plan_time_limit_s:g} s")
     plans = plan_candidates(graph, cluster, mps, args.plan_time_limit_s)
-    plans_dir = args.storage / "plans"
     plans_dir.mkdir(exist_ok=True)
     for m, p in plans.items():
         p.save(plans_dir / f"plan_mp{m}.json")
@@ -221,13 +241,49 @@ def crossover_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph,
     return result
 
 
+def timed_status(t: TimedStep) -> str:
+    """One status line per timed mp_degree: its step (without allreduce) per batch."""
+    steps = ", ".join(f"{t.step_s(b) * 1e3:.1f} ms at {b:g}" for b in t.batches)
+    return (f"mp {t.mp_degree} ({t.num_micro_batches} micro-batches), timed step per "
+            f"worker batch: {steps} (medians of {t.rounds})")
+
+
+def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
+                 devices: JobDevices, efficiency: StatisticalEfficiency,
+                 rule: BatchRule) -> dict[int, TimedStep] | None:
+    """Each mp_degree's worker step timed in this process at every worker batch the
+    sweep may run, where the devices are this host's CPU threads; None on GPUs, whose
+    trials the scaling model ranks."""
+    if not devices.kind.measured_here:
+        return None
+    saved = args.storage / TIMED_STEPS_FILE
+    if args.resume and saved.exists():
+        # The sweep's candidates were ranked by these; the trials still to run keep them.
+        status("4/6 sweep", f"--resume: the sweep's timed steps, from {saved}")
+        return {t["mp_degree"]: TimedStep.from_dict(t) for t in json.loads(saved.read_text())}
+    from orchestrator.train.step_timing import time_worker_steps
+
+    batches = scanned_worker_batches(step_models(graph, plans, devices.cluster, rule),
+                                     devices.cluster, base_batch=inputs.base_batch,
+                                     num_gpus=devices.num_gpus, efficiency=efficiency,
+                                     dataset_size=inputs.dataset_size)
+    status("4/6 sweep", f"timing each mp_degree's executor step here, at the worker batches "
+                        f"{ {m: [int(b) for b in bs] for m, bs in batches.items()} }")
+    timed = time_worker_steps(args.model, args.preset, plans, batches)
+    saved.write_text(json.dumps([t.to_dict() for t in timed.values()], indent=1) + "\n")
+    for t in timed.values():
+        status("4/6 sweep", timed_status(t))
+    return timed
+
+
 def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
                 devices: JobDevices, efficiency: StatisticalEfficiency,
-                rule: BatchRule) -> SweepOutcome:
+                rule: BatchRule, timed: dict[int, TimedStep] | None) -> SweepOutcome:
     """The Tune sweep of the candidates the cluster holds, and its best trial."""
     nodes, kind = devices.nodes, devices.kind
     candidates = candidates_for(graph, plans, devices.cluster, inputs.base_batch,
-                                devices.num_gpus, efficiency, inputs.dataset_size, rule)
+                                devices.num_gpus, efficiency, inputs.dataset_size, rule,
+                                inputs.base_lr, timed)
     kept, pruned = feasible(candidates, nodes, model=args.model, preset=args.preset,
                             device_kind=kind)
     for reason in pruned:
@@ -239,7 +295,8 @@ def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[in
         c.dp_degree * c.mp_degree for c in kept))
     status("4/6 sweep", f"{min(args.max_trials, len(kept))} trial(s) of {args.trial_steps} "
                         f"steps, {concurrent} at a time, every mp_degree first, then by "
-                        f"corrected prediction, out of {[c.key() for c in kept]}")
+                        f"corrected prediction ({kept[0].step_source}), out of "
+                        f"{[c.key() for c in kept]}")
     job = SweepJob(model=args.model, preset=args.preset, steps=args.trial_steps,
                    data=args.data, device_kind=kind, plans=plans, efficiency=efficiency,
                    dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()))
@@ -285,18 +342,19 @@ def report_stage(args: JobArgs, plans: dict[int, Plan], result: CrossoverResult,
     status("done", f"report {page}; TensorBoard: tensorboard --logdir {args.storage / 'sweep'}")
 
 
-def calibrate(args: JobArgs, base_batch: int, kind: DeviceKind) -> NoiseScaleModel:
+def calibrate(args: JobArgs, inputs: JobInputs, kind: DeviceKind) -> NoiseScaleModel:
     """The efficiency of a model without figures of its own: McCandlish's model with the
     gradient noise scale measured in a short training run on one device."""
     from orchestrator.train.calibrate import noise_scale_on_cluster
 
+    batch = inputs.base_batch
     status("3/6 cross-over", f"no statistical-efficiency figures for {args.model}: measuring "
                              f"its gradient noise scale over {args.calibration_steps} steps "
-                             f"of batch {base_batch}")
-    b_noise = noise_scale_on_cluster(args.model, args.preset, global_batch=base_batch,
-                                     steps=args.calibration_steps, lr=BASE_LR, data=args.data,
-                                     kind=kind)
+                             f"of batch {batch}")
+    b_noise = noise_scale_on_cluster(args.model, args.preset, global_batch=batch,
+                                     steps=args.calibration_steps, lr=inputs.base_lr,
+                                     data=args.data, kind=kind)
     return NoiseScaleModel(b_noise=b_noise, min_epochs=args.min_epochs or 1.0,
                            source=f"noise scale B_noise={b_noise:.4g} (measured in "
                                   f"{args.calibration_steps} calibration steps of batch "
-                                  f"{base_batch})")
+                                  f"{batch})")

@@ -1,16 +1,18 @@
-"""Re-ranking the sweep as trials report: the scaling model's step time corrected by
-what the trials measured, and the order in which the candidates not yet run are tried.
+"""Re-ranking the sweep as trials report: the predicted step time corrected by what the
+trials measured, and the order in which the candidates not yet run are tried.
 
 The correction is an overhead per mp_degree: measured step = predicted step + overhead.
-Why this shape: what the model leaves out inside Ray Train on a shared host (Ray's own
-processes and threads taking slices of the cores, the executor's per-step Python, gloo's
-loopback setup) costs a step about the same at every batch. Measured on this machine,
-the misses of one mp_degree hardly moved with the batch (mp 1: +11.8 ms at global batch
-64, +12.5 at 32; mp 2: -2.3 and +0.3 ms), where a ratio fitted on one batch missed the
-other by 18% and more. An overhead + ratio fit would take two trials of every mp_degree
-before it said anything, where a sweep of a few trials has one or two. An mp_degree not
-measured yet takes the median overhead of those that were (the host's load is shared),
-or none before any trial has reported."""
+Where the predicted step was timed here before the sweep (the worker's own executor at
+the trial's batch, placement/scaling/timed_step.py), what is left for the overhead is
+what Ray Train adds around the same code: the other worker process and Ray's own
+processes taking slices of the cores, gloo's allreduce inside DDP's backward. That
+costs a step about the same at every batch. Measured on this machine with the scaling
+model's steps, the misses of one mp_degree already hardly moved with the batch (mp 1:
++11.8 ms at global batch 64, +12.5 at 32), where a ratio fitted on one batch missed
+the other by 18% and more. An overhead + ratio fit would take two trials of every
+mp_degree before it said anything, where a sweep of a few trials has one or two. An
+mp_degree not measured yet takes the median overhead of those that were (the host's
+load is shared), or none before any trial has reported."""
 
 from __future__ import annotations
 

@@ -1,16 +1,20 @@
 """The sweep's search space: every mp_degree that fits the job, each with the global
-batches around its own predicted best, and the scaling model's prediction for each."""
+batches around its own predicted best, and the prediction for each: the worker's step
+as timed on this host (placement/scaling/timed_step.py) plus the modelled allreduce
+where the job has one, or the scaling model's alone where nothing was timed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from placement.cluster import ClusterSpec
-from placement.scaling.crossover import HybridConfig, ScalingParams, project
+from placement.scaling.crossover import (HybridConfig, Projection, ScalingParams, project,
+                                         time_to_accuracy_s)
 from placement.scaling.efficiency import StatisticalEfficiency
 from placement.scaling.step import WorkerStep
+from placement.scaling.timed_step import TimedStep
 
 #: Global batches the space scans per mp_degree, as multiples of the preset's batch.
 BATCH_MULTIPLES = (1, 2, 4, 8)
@@ -19,6 +23,10 @@ NUM_NEIGHBOURS = 1
 
 #: The worker step model of one mp_degree: its WorkerStep at a per-worker batch.
 StepModel = Callable[[float], WorkerStep]
+
+#: What a candidate's predicted step is made of (`Candidate.step_source`).
+MODELLED = "scaling model"
+TIMED = "executor step timed here + modelled allreduce"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,9 +37,14 @@ class Candidate:
     lr: float
     """Learning rate for this global batch (linear scaling from the preset's)."""
     predicted_step_s: float
-    """The scaling model's step time, before any correction from measured trials."""
+    """The predicted step time, before any correction from measured trials."""
     predicted_time_s: float
-    """The scaling model's time to accuracy, before any correction."""
+    """The predicted time to accuracy, before any correction."""
+    predicted_parts_s: Mapping[str, float] = field(default_factory=dict)
+    """`predicted_step_s` by part: compute, allreduce (the share not hidden by the
+    backward) and optimizer, in seconds."""
+    step_source: str = MODELLED
+    """What `predicted_step_s` is made of: `MODELLED` or `TIMED`."""
 
     @property
     def mp_degree(self) -> int:
@@ -65,11 +78,11 @@ def linear_lr(base_lr: float, base_batch: int, global_batch: int) -> float:
     return base_lr * global_batch / base_batch
 
 
-def _options(step_model: StepModel, mp_degree: int, num_gpus: int, cluster: ClusterSpec,
+def _scanned(step_model: StepModel, mp_degree: int, num_gpus: int, cluster: ClusterSpec,
              base_batch: int, efficiency: StatisticalEfficiency, dataset_size: float,
-             base_lr: float, params: ScalingParams) -> list[Candidate]:
-    """Every scanned batch of one mp_degree that divides into its workers' micro-batches
-    and fits a device's memory, by global batch."""
+             params: ScalingParams) -> list[Projection]:
+    """The scaling model's projection of every scanned batch of one mp_degree that
+    divides into its workers' micro-batches and fits a device's memory, by global batch."""
     dp = num_gpus // mp_degree
     out = []
     for multiple in BATCH_MULTIPLES:
@@ -78,29 +91,61 @@ def _options(step_model: StepModel, mp_degree: int, num_gpus: int, cluster: Clus
         if gb % (dp * worker.num_micro_batches):
             continue
         p = project(worker, dp, cluster, efficiency, dataset_size, params)
-        if not p.fits_memory:
+        if p.fits_memory:
+            out.append(p)
+    return out
+
+
+def _candidate(p: Projection, timed: TimedStep | None, base_batch: int,
+               base_lr: float) -> Candidate:
+    """A scanned point with its prediction: the timed step at its worker batch plus the
+    modelled allreduce, or the scaling model's step where `timed` is None."""
+    if timed is None:
+        parts, source = {"compute": p.compute_s, "allreduce": p.exposed_allreduce_s,
+                         "optimizer": p.optimizer_s}, MODELLED
+    else:
+        parts, source = {"compute": timed.compute_at(p.config.worker_batch),
+                         "allreduce": p.exposed_allreduce_s,
+                         "optimizer": timed.optimizer_s}, TIMED
+    step = sum(parts.values())
+    gb = int(p.config.global_batch)
+    return Candidate(config=p.config, lr=linear_lr(base_lr, base_batch, gb),
+                     predicted_step_s=step, predicted_time_s=time_to_accuracy_s(p.steps, step),
+                     predicted_parts_s=parts, step_source=source)
+
+
+def scanned_worker_batches(step_models: Mapping[int, StepModel], cluster: ClusterSpec, *,
+                           base_batch: int, num_gpus: int, efficiency: StatisticalEfficiency,
+                           dataset_size: float,
+                           params: ScalingParams = ScalingParams()) -> dict[int, list[float]]:
+    """Per mp_degree that fits `num_gpus`, the worker batches the space may hold: what
+    to time before `sweep_space` is built from the timings."""
+    out = {}
+    for m, model in sorted(step_models.items()):
+        if m > num_gpus:
             continue
-        out.append(Candidate(config=HybridConfig(dp_degree=dp, mp_degree=mp_degree,
-                                                 global_batch=gb,
-                                                 num_micro_batches=worker.num_micro_batches),
-                             lr=linear_lr(base_lr, base_batch, gb),
-                             predicted_step_s=p.step_s, predicted_time_s=p.time_to_accuracy_s))
+        batches = [p.config.worker_batch for p in _scanned(
+            model, m, num_gpus, cluster, base_batch, efficiency, dataset_size, params)]
+        if batches:
+            out[m] = batches
     return out
 
 
 def sweep_space(step_models: Mapping[int, StepModel], cluster: ClusterSpec, *, base_batch: int,
                 num_gpus: int, efficiency: StatisticalEfficiency, dataset_size: float,
-                base_lr: float, params: ScalingParams = ScalingParams()) -> list[Candidate]:
+                base_lr: float, params: ScalingParams = ScalingParams(),
+                timed: Mapping[int, TimedStep] | None = None) -> list[Candidate]:
     """For every mp_degree that fits `num_gpus` and has a batch that fits memory, its
     predicted best global batch and `NUM_NEIGHBOURS` scanned batches on each side; all
     of them by predicted time to accuracy. A best at the edge of the scan keeps its one
-    neighbour: the space does not extrapolate past what was scanned."""
+    neighbour: the space does not extrapolate past what was scanned. `timed[m]`, where
+    given, predicts mp_degree m's steps (it must cover `scanned_worker_batches`)."""
     out: list[Candidate] = []
     for m, model in sorted(step_models.items()):
         if m > num_gpus:
             continue
-        options = _options(model, m, num_gpus, cluster, base_batch, efficiency, dataset_size,
-                           base_lr, params)
+        options = [_candidate(p, (timed or {}).get(m), base_batch, base_lr) for p in _scanned(
+            model, m, num_gpus, cluster, base_batch, efficiency, dataset_size, params)]
         if not options:
             continue
         best = min(range(len(options)), key=lambda i: options[i].predicted_time_s)

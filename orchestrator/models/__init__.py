@@ -55,6 +55,9 @@ class ModelSpec:
     gives it (a user's bare (module, make_batch) pair)."""
     seq_chunk: int | None = None
     """Time steps per op for recurrent models; None for the others."""
+    lr: float | None = None
+    """The SGD-with-momentum learning rate the model trains at with `batch` samples a
+    step; None: the job's default (orchestrator/job_args.py DEFAULT_LR)."""
     data: Dataset | Callable[[int, int, int], Iterable[tuple[torch.Tensor, ...]]] | None = None
     """The model's own training data; None: `make_batch` feeds the steps. Either a
     `torch.utils.data.Dataset` whose items are one sample's tensors in the order of
@@ -66,6 +69,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.batch is not None and self.batch < 1:
             raise UserError(f"model {self.name}: batch={self.batch} must be >= 1")
+        if self.lr is not None and not self.lr > 0:
+            raise UserError(f"model {self.name}: lr={self.lr} must be > 0")
         if self.data is not None and not (isinstance(self.data, Dataset)
                                           or callable(self.data)):
             raise UserError(f"model {self.name}: data is a {type(self.data).__name__}: give "
@@ -124,7 +129,8 @@ def build(name: str, preset: str = "tiny", *, seq_chunk: int | None = None,
         return make_batch(cfg, batch, device=device, seed=seed)
 
     return ModelSpec(name=name, preset=preset, module=module, make_batch=batch_fn,
-                     batch=cfg.batch, seq_chunk=getattr(cfg, "seq_chunk", None))
+                     batch=cfg.batch, seq_chunk=getattr(cfg, "seq_chunk", None),
+                     lr=getattr(cfg, "lr", None))
 
 
 class WithLoss(nn.Module):

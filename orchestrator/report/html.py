@@ -57,6 +57,17 @@ def _noise(value: float | None) -> str:
     return "n/a (one worker)" if value is None else f"{value:.3g}"
 
 
+def _timed_text(timed: list[dict] | None) -> str:
+    """What was timed before the sweep, in words ('' where nothing was)."""
+    if not timed:
+        return ""
+    return "(" + "; ".join(
+        f"mp {t['mp_degree']}: " + ", ".join(f"{(c + t['optimizer_s']) * 1e3:.1f} ms at worker "
+                                             f"batch {b:g}"
+                                             for b, c in zip(t["batches"], t["compute_s"]))
+        for t in timed) + ", without allreduce, medians of alternating steps in the driver)"
+
+
 def _trial_row(t: dict) -> str:
     parts = " / ".join(f"{t['breakdown_s'][p] * 1e3:.1f}" for p in PARTS)
     mark = "" if not t["calibrated"] else (" ok" if abs(t["error"]) <= CALIBRATED_TOLERANCE
@@ -114,13 +125,15 @@ figure{{display:inline-block;margin:0.5em;width:520px}}img{{width:100%}}</style>
 projected time to accuracy {summary['winner_projected_time_s']:.4g} s. Cross-over
 (projection, {html.escape(summary['cluster'])}): {summary['crossover_num_gpus']}.
 Final run: loss {losses[0]:.3f} at its first step, {losses[-1]:.3f} at its last.</p>
-<p>Correction learned (measured step = the model's + an overhead per mp_degree):
+<p>Each trial's step before correction: {html.escape(summary['step_prediction'])}
+{html.escape(_timed_text(summary['timed_steps']))}.
+Correction learned (measured step = the uncorrected + an overhead per mp_degree):
 {html.escape(learned_correction(rows))}. A trial ranked with the overhead of its own mp_degree
 must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).</p>
 <h2>Plots</h2>{figures}
 <h2>Trials, in the order the sweep ran them</h2>
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
-<th>model step (ms)</th><th>correction (ms)</th><th>ranked step (ms)</th>
+<th>uncorrected step (ms)</th><th>correction (ms)</th><th>ranked step (ms)</th>
 <th>measured step (ms)</th><th>error</th><th>{' / '.join(PARTS)} (ms)</th>
 <th>projected time (s)</th><th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
 <h2>Plans (one worker per mp_degree)</h2>

@@ -42,7 +42,7 @@ def save_predicted_vs_measured(rows: Sequence[dict], path: Path) -> None:
         ax.scatter([t["predicted_step_s"] * 1e3 for t in chosen],
                    [t["measured_step_s"] * 1e3 for t in chosen], marker=marker, label=label)
     ax.scatter([t["model_step_s"] * 1e3 for t in rows], [t["measured_step_s"] * 1e3 for t in rows],
-               marker="x", color="grey", label="the model's, uncorrected")
+               marker="x", color="grey", label="uncorrected (timed here, or the model's)")
     for t in rows:
         ax.annotate(t["key"], (t["predicted_step_s"] * 1e3, t["measured_step_s"] * 1e3),
                     fontsize=7, xytext=(3, 3), textcoords="offset points")

@@ -17,16 +17,15 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator.profile import partition
-from orchestrator.runtime.devices import (load_state, place_module, plan_devices,
-                                          synchronize, tensor_owners)
-from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
+from orchestrator.runtime.devices import load_state, plan_devices, synchronize, tensor_owners
+from orchestrator.runtime.executor import OpPartition
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import Projection, WorkerJob
 from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock, device_timer
 from orchestrator.train.sync import DDPSync, GradientSync, collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
+from orchestrator.train.worker_executor import build_executor
 
 STATE_FILE = "state.pt"
 
@@ -132,21 +131,16 @@ class HybridWorker:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.devices = worker_devices(cfg)
-        part, spec = partition(cfg.model, preset=cfg.preset, seed=cfg.seed,
-                               granularity=plan.granularity)
-        self.model = spec.module
-        op_part = OpPartition(part.module, {op.id: op.nodes for op in part.ops})
         # Parameters reach their devices before DDP, the buckets and the optimizer
         # are built from them.
-        place_module(op_part, plan.assignment, self.devices, owner=self.model)
-        self.executor = PlanExecutor(
-            op_part, plan.assignment, plan.order, self.devices,
-            num_micro_batches=cfg.num_micro_batches,
-            batched=batched_inputs(spec.make_batch),
-            autocast_dtype=torch.bfloat16 if cfg.mixed_precision else None)
+        planned = build_executor(cfg.model, preset=cfg.preset, seed=cfg.seed, plan=plan,
+                                 devices=self.devices, num_micro_batches=cfg.num_micro_batches,
+                                 mixed_precision=cfg.mixed_precision)
+        spec, op_part, self.executor = planned.spec, planned.op_partition, planned.executor
+        self.model = spec.module
         self.backend = dist.get_backend() if self.world > 1 else "gloo"
         if self.world > 1 and len(self.devices) == 1:
-            self.sync = DDPSync(part.module, self.devices[0])
+            self.sync = DDPSync(op_part.module, self.devices[0])
             self.executor.whole_module = self.sync.ddp
         else:
             self.sync = GradientSync(_params_by_device(op_part, plan.assignment,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from placement.sweep_space import TIMED
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.ray
@@ -159,15 +160,19 @@ def check_results(storage: Path, num_trials: int) -> dict:
 
 
 def assert_every_mp_degree_ranked(winner: dict) -> None:
-    """Every mp_degree was tried, and the trials after the first of each were ranked
-    with a correction their own mp_degree measured. (Whether those predictions hold
-    within the issue's 15% is a figure of the run, in docs/benchmarks.md, not an
-    assertion: on this shared 2-core box they miss it, see issue 18's note.)"""
+    """Every mp_degree was tried, its step timed in the driver before the sweep, and the
+    trials after the first of each mp_degree were ranked with the overhead that first
+    one measured. (Whether those predictions hold within the issue's 15% is a figure of
+    the run, in docs/benchmarks.md, not an assertion: on this shared 2-core box it held
+    in 1 of 3 runs of this test, the misses being trials whose load changed; see the
+    section of issue 18 there.)"""
     trials = winner["trials"]
     assert {t["mp_degree"] for t in trials} >= {1, 2}, [t["key"] for t in trials]
+    assert {t["mp_degree"] for t in winner["timed_steps"]} >= {1, 2}
     calibrated = [t for t in trials if t["calibrated"]]
     assert calibrated, [t["key"] for t in trials]
     for t in trials:
+        assert t["step_source"] == TIMED, t
         assert t["measured_step_s"] > 0 and t["predicted_step_s"] > 0, t
         assert t["error"] == pytest.approx(t["measured_step_s"] / t["predicted_step_s"] - 1)
 
@@ -175,7 +180,9 @@ def assert_every_mp_degree_ranked(winner: dict) -> None:
 def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     storage = tmp_path / "biglstm"
     # Three trials: mp 1 and mp 2 first, then one ranked with its mp_degree's correction.
-    args = ["--preset", "tiny", "--max-trials", "3", "--trial-steps", "10",
+    # 60 steps, as in `make demo`: a trial's median then spans a few seconds of this
+    # shared host's load, not a fraction of one.
+    args = ["--preset", "tiny", "--max-trials", "3", "--trial-steps", "60",
             "--final-steps", "4", "--storage", str(storage)]
     # The driver is killed once the first trial has finished; --resume must not run it again.
     driver = subprocess.Popen([sys.executable, "jobs/bigLSTM.py", *args], cwd=REPO,

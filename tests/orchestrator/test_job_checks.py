@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from orchestrator.job_args import parse_args
+from orchestrator.job_args import DEFAULT_LR, check_job, parse_args
 from orchestrator.pipeline import main
 from orchestrator.train.job import Projection
 from orchestrator.train.noise_scale import NoiseScaleEstimator
@@ -47,6 +47,17 @@ def test_bad_input_is_one_line_and_status_2_before_ray_starts(model, argv, messa
 def test_the_granularity_flag_reaches_the_job_arguments():
     assert parse_args(["--model", "gnmt", "--granularity", "aten"]).granularity == "aten"
     assert parse_args(["--model", "gnmt"]).granularity == "module"
+
+
+@pytest.mark.parametrize("argv, lr", [
+    (["--model", "biglstm"], DEFAULT_LR),
+    # VGG-16 without batch norm carries its own: 0.01 at batch 16, linear to its 4.
+    (["--model", "vgg16"], 0.0025),
+    (["--model", "vgg16", "--batch-size", "16"], 0.01),
+    (["--model", "biglstm", "--batch-size", "16"], 2 * DEFAULT_LR)])
+def test_the_sweep_scales_the_models_own_learning_rate_from_its_batch(argv, lr, tmp_path):
+    inputs = check_job(parse_args([*argv, "--storage", str(tmp_path)]))
+    assert inputs.base_lr == pytest.approx(lr)
 
 
 def test_a_storage_that_holds_a_sweep_needs_resume(tmp_path, capsys):

@@ -3,9 +3,16 @@ each, with value, bound and gap."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
-from orchestrator.pipeline import parse_args, plan_candidates, plan_status
+from orchestrator.pipeline import (TIMED_STEPS_FILE, parse_args, plan_candidates, plan_stage,
+                                   plan_status, timing_stage)
+from orchestrator.runtime.device_kind import DeviceKind
+from orchestrator.train.resources import JobDevices
+from placement.scaling.timed_step import TimedStep
 from placement.errors import UserError
 from tests.placement.milp_cases import CLUSTER
 from tests.placement.test_policy import MILP_SOLVERS, capped
@@ -29,3 +36,21 @@ def test_a_plan_not_made_by_the_milp_says_why():
 def test_the_plan_time_limit_must_be_positive():
     with pytest.raises(UserError, match="--plan-time-limit 0"):
         parse_args(["--plan-time-limit", "0"], "biglstm")
+
+
+def test_a_resumed_job_keeps_the_plans_and_timed_steps_its_sweep_was_ranked_with(tmp_path):
+    # The trials still to run carry the first run's candidates: planning again on a
+    # loaded host may give another plan (another micro-batch count), which those
+    # candidates' trials could not run.
+    devices = JobDevices(nodes=[], kind=DeviceKind.CPU, num_gpus=2, cluster=CLUSTER,
+                         requested=False)
+    first = parse_args(["--storage", str(tmp_path), "--plan-time-limit", "1"], "biglstm")
+    plans = plan_stage(first, capped(5, 5, 1.0), devices)
+    timed = TimedStep(mp_degree=2, num_micro_batches=plans[2].num_micro_batches,
+                      batches=(8.0, 16.0), compute_s=(0.01, 0.012), optimizer_s=0.001, rounds=3)
+    (tmp_path / TIMED_STEPS_FILE).write_text(json.dumps([timed.to_dict()]))
+    resumed = dataclasses.replace(first, resume=True)
+    # Another graph: planning it would give other plans; timing biglstm with these
+    # plans could not run at all.
+    assert plan_stage(resumed, capped(6, 7, 1.0), devices) == plans
+    assert timing_stage(resumed, None, None, plans, devices, None, None) == {2: timed}

@@ -62,6 +62,7 @@ def test_a_trials_record_keeps_the_prediction_that_ranked_it():
     assert (t["key"], t["order"], t["calibrated"]) == ("mp2-b64", 2, False)
     assert t["predicted_step_s"] == pytest.approx(0.02)  # 10 ms + mp 1's 10 ms overhead
     assert t["error"] == pytest.approx(0.011 / 0.02 - 1)
+    assert t["step_source"] == CANDIDATES[2].step_source  # what the prediction is made of
     # mp2-b32 at 13 s x 1.1 ranks before mp1-b32 at 12 s x 2, by mp 2's own overhead.
     third = trial_record(s.suggest("t3"), metrics)
     assert (third["key"], third["calibrated"], third["correction_from"]) == (

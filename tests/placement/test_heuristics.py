@@ -105,7 +105,7 @@ def test_devices_beyond_one_node_are_refused():
 def test_placement_imports_neither_torch_nor_ray():
     code = ("import sys, placement.planner, placement.io, placement.simulate, "
             "placement.heuristics, placement.cluster, placement.sweep_space, "
-            "placement.sweep_rank; "
+            "placement.sweep_rank, placement.scaling.timed_step; "
             "bad = [m for m in ('torch', 'ray') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -8,8 +8,9 @@ from placement.cluster import preset
 from placement.scaling.crossover import HybridConfig, ScalingParams, project
 from placement.scaling.efficiency import NoiseScaleModel
 from placement.scaling.step import WorkerStep
-from placement.sweep_space import (BATCH_MULTIPLES, NUM_NEIGHBOURS, Candidate,
-                                   best_per_mp_degree, sweep_space)
+from placement.scaling.timed_step import TimedStep
+from placement.sweep_space import (BATCH_MULTIPLES, MODELLED, NUM_NEIGHBOURS, TIMED, Candidate,
+                                   best_per_mp_degree, scanned_worker_batches, sweep_space)
 
 CLUSTER = preset("dgx1-v100")
 EFFICIENCY = NoiseScaleModel(b_noise=256, min_epochs=1)
@@ -26,9 +27,9 @@ def step_model(mp: int, fixed_s: float, per_sample_s: float, micro: int = 1,
     return at
 
 
-def space(models, num_gpus=8, base_batch=16):
+def space(models, num_gpus=8, base_batch=16, timed=None):
     return sweep_space(models, CLUSTER, base_batch=base_batch, num_gpus=num_gpus,
-                       efficiency=EFFICIENCY, dataset_size=DATASET, base_lr=0.1)
+                       efficiency=EFFICIENCY, dataset_size=DATASET, base_lr=0.1, timed=timed)
 
 
 def brute_force_keys(models, num_gpus, base_batch):
@@ -96,3 +97,51 @@ def test_candidate_round_trip():
                   lr=0.2, predicted_step_s=0.01, predicted_time_s=100.0)
     assert Candidate.from_dict(c.to_dict()) == c
     assert c.key() == "mp2-b64"
+
+
+def timed_like(models, num_gpus, base_batch, compute_of_batch):
+    """A TimedStep per mp_degree at the worker batches the space may hold, its compute
+    `compute_of_batch(mp, batch)` (a multi-device step almost flat in the batch)."""
+    batches = scanned_worker_batches(models, CLUSTER, base_batch=base_batch, num_gpus=num_gpus,
+                                     efficiency=EFFICIENCY, dataset_size=DATASET)
+    return {m: TimedStep(mp_degree=m, num_micro_batches=models[m](bs[0]).num_micro_batches,
+                         batches=tuple(bs), compute_s=tuple(compute_of_batch(m, b) for b in bs),
+                         optimizer_s=0.002, rounds=3)
+            for m, bs in batches.items()}
+
+
+def test_the_worker_batches_to_time_are_those_the_scan_keeps():
+    models = {1: step_model(1, 0.01, 1e-3), 2: step_model(2, 0.01, 1e-3, micro=4),
+              4: step_model(4, 0.01, 1e-3, memory=1e12), 16: step_model(16, 0.01, 1e-3)}
+    got = scanned_worker_batches(models, CLUSTER, base_batch=8, num_gpus=8,
+                                 efficiency=EFFICIENCY, dataset_size=DATASET)
+    # mp 1: 8 workers, global 8..64; mp 2: 4 workers of 4 micro-batches, so global 8
+    # (2 a worker) does not split; mp 4 fits no memory, mp 16 not the job.
+    assert got == {1: [1.0, 2.0, 4.0, 8.0], 2: [4.0, 8.0, 16.0]}
+
+
+def test_a_timed_step_predicts_each_candidate_with_the_modelled_allreduce():
+    models = {1: step_model(1, 0.01, 1e-3), 2: step_model(2, 0.01, 1e-2, micro=4)}
+    timed = timed_like(models, 8, 16, lambda m, b: 0.020 + (1e-3 if m == 1 else 1e-5) * b)
+    got = space(models, num_gpus=8, base_batch=16, timed=timed)
+    for c in got:
+        dp = c.dp_degree
+        p = project(models[c.mp_degree](c.global_batch / dp), dp, CLUSTER, EFFICIENCY,
+                    DATASET, ScalingParams())
+        t = timed[c.mp_degree]
+        step = t.compute_at(c.global_batch / dp) + p.exposed_allreduce_s + t.optimizer_s
+        assert c.step_source == TIMED
+        assert c.predicted_parts_s == {"compute": t.compute_at(c.global_batch / dp),
+                                       "allreduce": p.exposed_allreduce_s,
+                                       "optimizer": 0.002}
+        assert c.predicted_step_s == pytest.approx(step)
+        assert c.predicted_time_s == pytest.approx(p.steps * step)
+        assert p.exposed_allreduce_s > 0  # dp > 1 on every candidate: it is not left out
+    # The timed steps, not the model's, choose each mp_degree's batches: mp 2's timed
+    # step hardly grows, so its best is the largest batch of the scan (with its one
+    # neighbour), where the model's per-sample cost puts it at 32 (sqrt(B_noise x
+    # fixed x dp / per-sample) = 32).
+    assert sorted(c.global_batch for c in got if c.mp_degree == 2) == [64, 128]
+    modelled = space(models, num_gpus=8, base_batch=16)
+    assert sorted(c.global_batch for c in modelled if c.mp_degree == 2) == [16, 32, 64]
+    assert all(c.step_source == MODELLED for c in modelled)

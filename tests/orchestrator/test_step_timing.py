@@ -1,0 +1,51 @@
+"""Timing a plan's worker step before the sweep: the worker's own executor, at every
+batch asked for, in alternating rounds, within its budget."""
+
+import itertools
+
+import pytest
+import torch
+
+from orchestrator.train import step_timing
+from orchestrator.train.config import TrainConfig
+from orchestrator.train.planning import plan_worker
+from orchestrator.train.step_timing import MIN_ROUNDS, time_plan
+
+USER_MLP = "tests.orchestrator.user_models:mlp"
+
+
+@pytest.fixture(scope="module")
+def biglstm_plan():
+    """A two-device plan of tiny BigLSTM with two micro-batches, profiled here."""
+    return plan_worker(TrainConfig(model="biglstm", mp_degree=2, num_micro_batches=2,
+                                   global_batch=8), time_limit_s=5)
+
+
+def test_a_plans_step_is_timed_at_every_batch_and_grows_with_it(biglstm_plan):
+    threads = torch.get_num_threads()
+    t = time_plan("biglstm", "tiny", biglstm_plan, [4, 64])
+    assert torch.get_num_threads() == threads  # the worker's one thread is not left behind
+    assert (t.mp_degree, t.num_micro_batches, t.batches) == (2, 2, (4, 64))
+    assert MIN_ROUNDS <= t.rounds <= step_timing.MAX_ROUNDS
+    # 16x the samples: a real step takes longer, whatever the host's load (the rounds
+    # alternate, so a burst lands on both batches alike).
+    assert t.compute_s[1] > 1.5 * t.compute_s[0]
+    assert 0 < t.optimizer_s < t.compute_s[0]
+
+
+def test_the_rounds_stop_at_the_budget_and_the_parts_are_cut_like_the_workers():
+    # A clock 10 s on at every read: each part of a step takes one read, 10 s, and
+    # the budget is spent after the first round, so MIN_ROUNDS are timed.
+    ticks = itertools.count(0.0, 10.0)
+    t = time_plan(USER_MLP, "tiny", _one_device_plan(), [4, 8], clock=lambda: next(ticks))
+    assert t.rounds == MIN_ROUNDS
+    assert t.compute_s == (10.0, 10.0) and t.optimizer_s == 10.0
+
+
+def test_a_batch_that_does_not_split_into_the_micro_batches_is_a_bug(biglstm_plan):
+    with pytest.raises(AssertionError):
+        time_plan("biglstm", "tiny", biglstm_plan, [5])
+
+
+def _one_device_plan():
+    return plan_worker(TrainConfig(model=USER_MLP, global_batch=8), time_limit_s=5)

@@ -1,0 +1,60 @@
+"""The timed worker step: medians of alternating rounds, and the step it predicts at a
+batch (exact where timed, linear between, refused outside)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.scaling.timed_step import TimedStep, timed_step
+
+
+def line(mp=2, batches=(8, 16, 64), compute=(0.020, 0.024, 0.040), optimizer=0.001):
+    return TimedStep(mp_degree=mp, num_micro_batches=4, batches=batches, compute_s=compute,
+                     optimizer_s=optimizer, rounds=5)
+
+
+def test_the_step_is_the_timed_median_where_timed_and_linear_between():
+    t = line()
+    assert t.compute_at(8) == 0.020 and t.compute_at(64) == 0.040
+    assert t.compute_at(12) == pytest.approx(0.022)  # halfway from 8 to 16
+    assert t.compute_at(40) == pytest.approx(0.032)  # halfway from 16 to 64
+    assert t.step_s(16) == pytest.approx(0.025)
+    with pytest.raises(ValueError, match="outside the timed batches"):
+        t.compute_at(4)
+    with pytest.raises(ValueError, match="outside the timed batches"):
+        t.compute_at(128)
+    assert TimedStep.from_dict(t.to_dict()) == t
+
+
+def test_bad_timings_are_refused():
+    with pytest.raises(ValueError, match="must increase"):
+        line(batches=(16, 8, 64))
+    with pytest.raises(ValueError, match="one length"):
+        line(compute=(0.02, 0.03))
+    with pytest.raises(ValueError, match="must be > 0"):
+        line(compute=(0.02, 0.0, 0.03))
+    with pytest.raises(ValueError, match="same number"):
+        timed_step(1, 1, {8: [(0.01, 0.001)], 16: []})
+
+
+def test_medians_of_the_rounds_hand_computed():
+    # Round 2 hit a neighbour's burst at both batches: the medians leave it out.
+    samples = {16: [(0.010, 0.001), (0.050, 0.009), (0.012, 0.002)],
+               8: [(0.008, 0.001), (0.030, 0.001), (0.009, 0.003)]}
+    t = timed_step(2, 4, samples)
+    assert t.batches == (8, 16)
+    assert t.compute_s == (0.009, 0.012)
+    assert t.optimizer_s == 0.0015  # median of all six updates
+    assert t.rounds == 3 and t.mp_degree == 2 and t.num_micro_batches == 4
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.lists(st.floats(1e-4, 1.0), min_size=2, max_size=5),
+       st.floats(0.0, 1.0))
+def test_between_two_timed_batches_the_step_lies_between_their_times(times, at):
+    batches = tuple(8 * 2**i for i in range(len(times)))
+    t = line(batches=batches, compute=tuple(times))
+    for i in range(len(batches) - 1):
+        b = batches[i] + at * (batches[i + 1] - batches[i])
+        lo, hi = sorted(times[i:i + 2])
+        assert lo - 1e-12 <= t.compute_at(b) <= hi + 1e-12
