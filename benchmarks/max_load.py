@@ -2,6 +2,7 @@
 
     python -m benchmarks.max_load [--peer] [--generated] [--graphs DIR]
         [--solvers highs,cbc,glpk] [--time-limit 60] [--dp-limit 60] [--devices 4]
+        [--only NAME,...]
 
 For each graph: the contiguous split of one order, the ideal DP (optimum over all
 contiguous splits, or the contiguous split where the ideals pass its cap), and each
@@ -9,7 +10,8 @@ solver's plan with `--objective max-load --solver <name>`: value, proven bound, 
 seconds, and the value against the peer's optimum (peer graphs) and the ideal DP.
 `--graphs DIR` takes every *.json in DIR (e.g. the graphs of `orchestrator profile
 --granularity aten`); the device count is the file's (peer format) or `--devices`.
-No flag runs --peer and --generated.
+No flag runs --peer and --generated. `--only` keeps the graphs whose name contains
+one of the given words (e.g. `--only resnet50`).
 """
 
 from __future__ import annotations
@@ -137,11 +139,19 @@ def main(argv: list[str] | None = None) -> None:
                     help="seconds for the ideal DP column (past it: not exact)")
     ap.add_argument("--devices", type=int, default=4,
                     help="devices for generated graphs and files without a count")
+    ap.add_argument("--only", default="",
+                    help="comma-separated words: run the graphs whose name holds one")
     args = ap.parse_args(argv)
     if args.graphs and not Path(args.graphs).is_dir():
         ap.error(f"--graphs {args.graphs}: not a directory: give a folder of graph files")
     solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
-    run(_graphs(args), solvers, args.time_limit, args.dp_limit)
+    graphs = _graphs(args)
+    words = [w for w in args.only.split(",") if w]
+    if words:
+        graphs = [g for g in graphs if any(w in g[0].name for w in words)]
+        if not graphs:
+            ap.error(f"--only {args.only}: no graph's name holds any of these words")
+    run(graphs, solvers, args.time_limit, args.dp_limit)
 
 
 if __name__ == "__main__":

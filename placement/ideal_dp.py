@@ -222,18 +222,67 @@ def join_roots(join: np.ndarray) -> np.ndarray:
 
 
 def joined_sequence(tg: TaskGraph, root: np.ndarray) -> list[int]:
-    """The group sequence with each joined group moved to just before its root: a
-    side input is a forward source, so this is still a topological order of the
-    forward groups, and its intervals keep side inputs with their neighbours."""
-    seq: list[int] = []
+    """The group sequence with each joined group moved to just before its root, and
+    each *pendant* root (one forward successor root, no forward predecessor but
+    pendant ones) moved, with what hangs into it, to just before that successor: at
+    operator granularity a batch norm's weight passes through unsqueeze ops that have
+    no input in the graph, and the topological order puts all of them first, so every
+    interval split of it pays their transfers to the far devices. Side inputs and
+    pendants have no forward predecessor outside what moves with them, so this is
+    still a topological order of the forward groups, and its intervals keep side
+    inputs with their neighbours and pendant chains with their consumers."""
     members: dict[int, list[int]] = {}
     for g in np.flatnonzero(root != np.arange(len(root))).tolist():
         members.setdefault(int(root[g]), []).append(g)
-    for g in group_sequence(tg):
-        if root[g] == g:
-            seq.extend(members.get(g, []))
-            seq.append(g)
+    roots = [g for g in group_sequence(tg) if root[g] == g]
+    successor = _pendant_successors(tg, root, roots)
+    # What hangs into a root, heaviest first: the lightest (a weight's unsqueeze)
+    # then sits next to it, a chain of real work (a pendant main path) before.
+    tree_work = np.bincount(root, weights=tg.group_work_s, minlength=len(root))
+    feeders: dict[int, list[int]] = {}
+    for g in roots:
+        if g in successor:
+            tree_work[successor[g]] += tree_work[g]
+            feeders.setdefault(successor[g], []).append(g)
+    for hanging in feeders.values():
+        hanging.sort(key=lambda g: -tree_work[g])
+    seq: list[int] = []
+
+    def emit(g: int) -> None:
+        stack = [(g, False)]
+        while stack:
+            h, ready = stack.pop()
+            if ready:
+                seq.extend(members.get(h, []))
+                seq.append(h)
+                continue
+            stack.append((h, True))
+            stack.extend((f, False) for f in reversed(feeders.get(h, [])))
+
+    for g in roots:
+        if g not in successor:
+            emit(g)
     return seq
+
+
+def _pendant_successors(tg: TaskGraph, root: np.ndarray, roots: list[int]) -> dict[int, int]:
+    """Per pendant root (in `roots`, a group sequence of the roots) its one forward
+    successor root. A predecessor later in the sequence (colocation can close a
+    cycle of groups) counts as not pendant."""
+    forward = forward_tasks(tg)
+    both = forward[tg.edge_src] & forward[tg.edge_dst]
+    src, dst = root[tg.group[tg.edge_src[both]]], root[tg.group[tg.edge_dst[both]]]
+    preds: dict[int, set[int]] = {}
+    succs: dict[int, set[int]] = {}
+    for a, b in zip(src.tolist(), dst.tolist()):
+        if a != b:
+            succs.setdefault(a, set()).add(b)
+            preds.setdefault(b, set()).add(a)
+    successor: dict[int, int] = {}
+    for g in roots:
+        if len(succs.get(g, ())) == 1 and all(p in successor for p in preds.get(g, ())):
+            (successor[g],) = succs[g]
+    return successor
 
 
 def condensed_groups(tg: TaskGraph, join: np.ndarray | None = None

@@ -19,6 +19,7 @@ from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
 from placement.path_bound import heavy_group_bound, path_cut_bound
+from placement.segment_bound import segment_bound
 from placement.milp.incumbent import (
     Incumbent,
     believable,
@@ -42,6 +43,8 @@ IDEAL_DP_SHARE = 0.15
 #: share of the time limit it may use.
 ROTATIONS = 24
 ROTATION_SHARE = 0.1
+#: Share of the time left that the segment bound may take.
+SEGMENT_BOUND_SHARE = 0.1
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
 #: How a plan's source starts when a baseline placer (maybe refined) made it.
@@ -156,6 +159,9 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     incumbent.stage = "transfer bounds"
     known = path_cut_bound(tg, k, heavy_group_bound(tg, problem.lower_bound()),
                            incumbent.value)
+    known = segment_bound(tg, k, seq, known, incumbent.value,
+                          deadline=time.perf_counter() + SEGMENT_BOUND_SHARE * max(
+                              0.0, deadline - time.perf_counter()))
     members: dict[int, list[int]] = {}
     for g in seq:
         members.setdefault(int(root[g]), []).append(g)

@@ -136,3 +136,30 @@ def test_moving_side_inputs_to_their_neighbour_never_raises_a_device_load(seed):
         before = device_loads(p.tg, gd, 3)
         after = device_loads(p.tg, gd[root], 3)
         assert (after <= before + 1e-12).all()
+
+
+def _main_chain_with_a_pendant() -> OpGraph:
+    """A chain m0 -> m1 -> m2 -> m3 (each 8 of work, transfers 1) and a pendant chain
+    u0 -> u1 -> m3 (each 4 of work, transfers 2: no side inputs). The topological order
+    takes u0 and u1 first (the higher ids), so every split of it pays u1's transfer."""
+    ops = tuple(Op(id=i, name=f"m{i}", forward_s={"any": 4.0}, backward_s={"any": 4.0},
+                   transfer_s=1.0) for i in range(4)) + tuple(
+        Op(id=i, name=f"u{i - 4}", forward_s={"any": 2.0}, backward_s={"any": 2.0},
+           transfer_s=2.0) for i in (4, 5))
+    edges = tuple(Edge(src=i, dst=i + 1) for i in range(3)) + (
+        Edge(src=4, dst=5), Edge(src=5, dst=3))
+    return OpGraph(ops=ops, edges=edges, name="pendant", time_unit="unit")
+
+
+def test_the_joined_sequence_puts_a_pendant_chain_next_to_its_consumer():
+    p = max_load_problem(_main_chain_with_a_pendant(), 2)
+    root = join_roots(side_inputs(p.tg, p.group_memory, p.memory_cap))
+    assert (root == np.arange(p.tg.num_groups)).all()
+    seq = joined_sequence(p.tg, root)
+    group = p.tg.group_of_op
+    assert seq == [group[op] for op in (0, 1, 2, 4, 5, 3)]
+    plain = contiguous_split(p.tg, 2, p.group_memory, p.memory_cap)
+    joined = contiguous_split(p.tg, 2, p.group_memory, p.memory_cap, seq)
+    assert max_load(p.tg, plain, 2) == pytest.approx(30.0)
+    assert max_load(p.tg, joined, 2) == pytest.approx(brute_max_load(p, contiguous=False))
+    assert max_load(p.tg, joined, 2) == pytest.approx(26.0)
