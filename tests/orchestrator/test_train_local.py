@@ -21,16 +21,18 @@ _PROFILES: dict = {}
 
 def _profile(cfg: TrainConfig):
     """One profile per model and micro-batch for the whole module (plans made from it
-    differ by degree and micro-batch count). Module-level graphs on the meta device,
-    times projected, none measured: these tests need a plan that splits the model, not
-    one that predicts its step, and timing every op was most of their time. An
-    operator-level capture follows the device's code path (transformers' attention
-    adds a `contiguous` on a meta tensor that it skips on a CPU one), so those graphs
-    are profiled on the CPU the worker runs on."""
+    differ by degree and micro-batch count). The project's models at module level on
+    the meta device, times projected, none measured: these tests need a plan that
+    splits the model, not one that predicts its step, and timing every op was most of
+    their time. The rest on the CPU the worker runs on: a model of one's own may read
+    its data when built (no meta tensor holds any), and an operator-level capture
+    follows the device's code path (transformers' attention adds a `contiguous` on a
+    meta tensor that it skips on a CPU one)."""
     key = (cfg.model, cfg.preset, micro_batch_size(cfg), cfg.granularity)
     if key not in _PROFILES:
+        own_model = ":" in cfg.model
         _PROFILES[key] = profile_micro_batch(
-            cfg, device="meta" if cfg.granularity == "module" else "cpu")
+            cfg, device="cpu" if own_model or cfg.granularity != "module" else "meta")
     return _PROFILES[key]
 
 
