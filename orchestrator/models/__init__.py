@@ -162,8 +162,17 @@ def with_loss(model: nn.Module, loss_fn: Callable, num_tensors: int) -> WithLoss
 def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
     fn = _builder(ref)
     torch.manual_seed(seed)
-    with torch.device(device or "cpu"):
-        built = fn(preset=preset) if "preset" in inspect.signature(fn).parameters else fn()
+    try:
+        with torch.device(device or "cpu"):
+            built = fn(preset=preset) if "preset" in inspect.signature(fn).parameters else fn()
+    except (NotImplementedError, RuntimeError) as err:
+        if str(device) != "meta":
+            raise
+        # Meta tensors have shapes and no values: a builder that reads or makes data
+        # (a dataset, weights from a file) cannot run there, and that is no bug of its.
+        raise UserError(f"{ref} cannot be built on the meta device ({type(err).__name__}: "
+                        f"{str(err).strip().splitlines()[0][:160]}): profile it where its "
+                        "tensors hold values, --device cpu (or cuda)") from err
     if isinstance(built, ModelSpec):
         if built.name in _MODELS:
             raise UserError(f"{ref} returned a ModelSpec named {built.name!r}, the name of a "

@@ -62,6 +62,9 @@ def untraceable(preset):
     (["--model", "vgg16", "--target", "tpu"], "choose one of cpu, v100, a100, h100"),
     (["--model", "tests.orchestrator.test_cli_profile:untraceable"],
      "module 'model.1' (Gate) failed"),
+    (["--model", "tests.orchestrator.user_models:mlp_dataset", "--device", "meta"],
+     "cannot be built on the meta device (NotImplementedError: Cannot copy out of meta "
+     "tensor; no data!): profile it where its tensors hold values, --device cpu"),
 ])
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     code, out, err = run_cli(["profile", *argv, "--quiet", "--out",
