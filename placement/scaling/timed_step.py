@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True, kw_only=True)
 class TimedStep:
@@ -52,11 +54,7 @@ class TimedStep:
         if not self.batches[0] <= batch <= self.batches[-1]:
             raise ValueError(f"worker batch {batch} lies outside the timed batches "
                              f"{self.batches} of mp {self.mp_degree}")
-        for (b0, t0), (b1, t1) in zip(zip(self.batches, self.compute_s),
-                                      zip(self.batches[1:], self.compute_s[1:])):
-            if b0 <= batch <= b1:
-                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
-        return self.compute_s[0]
+        return float(np.interp(batch, self.batches, self.compute_s))
 
     def step_s(self, batch: float) -> float:
         """compute + optimizer at `batch`: the worker's step without its allreduce."""
