@@ -28,7 +28,14 @@ status is 1 if any check fails.
 - the step breakdown as the worker takes it (orchestrator/train/step_breakdown.py): with
   the device held busy (torch.cuda._sleep) past the executor's return, as a GPU slower
   than its host is, the compute part must hold the device's compute (at least 80% of
-  compute + optimizer), not the one synchronize at the optimizer's end.
+  compute + optimizer), not the one synchronize at the optimizer's end;
+- operator graphs (CUDA, and transformers installed): a transformers BERT and Llama
+  (from configs, tests/orchestrator/hf_models.py) captured at `aten` and `core-aten`
+  granularity on the GPU, as `orchestrator profile --device cuda` captures them, must
+  cut into the same ops as on the CPU, where a worker captures them: a plan names ops
+  by position. (On the meta device they do not: scaled_dot_product_attention's meta
+  kernel lays its output out otherwise, and torch.export records two more
+  `contiguous` copies per attention at `aten`, and other ops at `core-aten`.)
 """
 
 from __future__ import annotations
@@ -421,6 +428,42 @@ def check_breakdown(device: str) -> tuple[bool, str]:
         f"{share:.0%} of the two in compute (at least {BREAKDOWN_COMPUTE_SHARE:.0%})")
 
 
+#: The transformers models and granularities the operator-graph check captures.
+CAPTURED_MODELS = ("bert", "llama")
+CAPTURED_GRANULARITIES = ("aten", "core-aten")
+
+
+def check_operator_graphs(device: str, models=CAPTURED_MODELS,
+                          granularities=CAPTURED_GRANULARITIES) -> tuple[bool, str]:
+    """`device`'s captures against the CPU's; run on `meta` it shows the difference above."""
+    if device != "meta":
+        needs_cuda(device)
+    try:
+        import transformers  # noqa: F401 - the models below are built from its configs
+    except ImportError as err:
+        raise Skip(f"transformers is not installed ({err})") from None
+    figures, same = [], True
+    for name in models:
+        ref = f"tests.orchestrator.hf_models:{name}"
+        for granularity in granularities:
+            try:
+                ops = {where: [op.kind for op in partition(ref, device=where,
+                                                           granularity=granularity)[0].ops]
+                       for where in ("cpu", device)}
+            except Exception as err:  # noqa: BLE001 - a capture that fails is a figure too
+                figures.append(f"{name} {granularity}: {type(err).__name__}")
+                same = False
+                continue
+            first = next((i for i, (a, b) in enumerate(zip(ops["cpu"], ops[device]))
+                          if a != b), min(len(ops["cpu"]), len(ops[device])))
+            equal = ops["cpu"] == ops[device]
+            same &= equal
+            figures.append(f"{name} {granularity}: {len(ops[device])} ops on {device}, "
+                           f"{len(ops['cpu'])} on cpu" + ("" if equal else
+                                                          f", first differs at op {first}"))
+    return same, "; ".join(figures)
+
+
 def checks(device: str) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
     return [
         ("executor mp=1", lambda: check_executor(device, 1)),
@@ -434,6 +477,7 @@ def checks(device: str) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
         ("profile paper", lambda: check_profile(device, "inception_v3", "paper")),
         ("overhead", lambda: check_overhead(device)),
         ("step breakdown", lambda: check_breakdown(device)),
+        ("operator graphs", lambda: check_operator_graphs(device)),
     ]
 
 

@@ -2,8 +2,11 @@
 check a GPU session relies on keeps working: every check that needs no CUDA passes,
 each line says OK, FAIL or SKIP, and it loads neither Ray nor a solver."""
 
+import runpy
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -25,9 +28,9 @@ def test_the_gpu_check_passes_on_cpu_without_ray_or_a_solver():
     lines = result.stdout.strip().splitlines()
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     checks = lines[1:-1]
-    assert len(checks) == 11 and all(line.split()[0] in ("OK", "SKIP") for line in checks)
+    assert len(checks) == 12 and all(line.split()[0] in ("OK", "SKIP") for line in checks)
     assert {line.split(":")[0] for line in checks if line.startswith("SKIP")} == {
-        "SKIP memory flat", "SKIP checkpoint", "SKIP profile paper"}
+        "SKIP memory flat", "SKIP checkpoint", "SKIP profile paper", "SKIP operator graphs"}
     assert lines[-1] == "loaded: []"
 
 
@@ -37,3 +40,13 @@ def test_asking_for_cuda_where_there_is_none_is_one_line_and_status_2():
     if "sees no GPU" not in result.stderr:
         return  # a machine with a GPU runs the check itself
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_operator_graph_check_tells_a_meta_capture_from_the_workers_cpu_one():
+    """What the GPU check compares, shown where it differs: BERT's attention captured on
+    the meta device gets two `contiguous` ops more than the CPU capture a worker makes."""
+    pytest.importorskip("transformers")
+    check = runpy.run_path(str(REPO / "scripts" / "gpu_check.py"), run_name="gpu_check")
+    same, figure = check["check_operator_graphs"]("meta", models=("bert",),
+                                                  granularities=("aten",))
+    assert not same and figure.startswith("bert aten: ") and "first differs at op" in figure
