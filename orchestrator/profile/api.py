@@ -9,6 +9,7 @@ from contextlib import contextmanager, nullcontext
 from types import SimpleNamespace
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from orchestrator.models import ModelSpec, build
 from orchestrator.profile.costs import (OpCost, StepClock, activation_bytes, measure_op,
@@ -56,6 +57,20 @@ def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
     part, spec, _ = _captured(model, preset=preset, seq_chunk=seq_chunk, device=device,
                               seed=seed, granularity=granularity)
     return part, spec
+
+
+def worker_partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
+                     seed: int = 0, granularity: str = "module") -> Partition:
+    """The partition a worker cuts (it builds and captures the model on its CPU), with
+    no weight allocated: the model is built in a FakeTensorMode on the CPU. The meta
+    device is no stand-in for the CPU here: its scaled_dot_product_attention kernel lays
+    the output out otherwise, so torch.export records two `contiguous` copies more per
+    transformers attention at `aten` granularity (and other ops at `core-aten`), and a
+    check against it refuses plans the worker runs."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        part, _, _ = _captured(model, preset=preset, seq_chunk=seq_chunk, device="cpu",
+                               seed=seed, granularity=granularity)
+    return part
 
 
 def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: int,

@@ -29,7 +29,7 @@ def check_run(cfg: TrainConfig, spec: ModelSpec, worker_plan: Plan | None = None
 
 
 def check_plan(worker_plan: Plan, cfg: TrainConfig, spec: ModelSpec, plan_file: str) -> None:
-    from orchestrator.profile import partition
+    from orchestrator.profile.api import worker_partition
 
     if worker_plan.num_devices != cfg.mp_degree:
         raise UserError(f"{plan_file} places the model on {worker_plan.num_devices} "
@@ -47,10 +47,14 @@ def check_plan(worker_plan: Plan, cfg: TrainConfig, spec: ModelSpec, plan_file: 
                         f"{graph!r}: profile and plan this model (orchestrator profile, "
                         "then orchestrator plan), or leave --plan out")
     granularity = worker_plan.granularity
-    part, _ = partition(cfg.model, preset=cfg.preset, device="meta", seed=cfg.seed,
-                        granularity=granularity)
+    part = worker_partition(cfg.model, preset=cfg.preset, seed=cfg.seed,
+                            granularity=granularity)
     if sorted(worker_plan.assignment) != [op.id for op in part.ops]:
         raise UserError(f"{plan_file} places {len(worker_plan.assignment)} op(s) but "
                         f"{graph} traces to {len(part.ops)} at --granularity {granularity}: "
                         "plan the graph that orchestrator profile writes for this model, "
-                        "preset and granularity, or leave --plan out")
+                        "preset and granularity"
+                        + ("" if granularity == "module" else
+                           " with --device cpu (the worker captures it on its CPU; the meta "
+                           "device traces some kernels differently)")
+                        + ", or leave --plan out")
