@@ -33,9 +33,10 @@ status is 1 if any check fails.
   (from configs, tests/orchestrator/hf_models.py) captured at `aten` and `core-aten`
   granularity on the GPU, as `orchestrator profile --device cuda` captures them, must
   cut into the same ops as on the CPU, where a worker captures them: a plan names ops
-  by position. (On the meta device they do not: scaled_dot_product_attention's meta
-  kernel lays its output out otherwise, and torch.export records two more
-  `contiguous` copies per attention at `aten`, and other ops at `core-aten`.)
+  by position. (The meta device's own kernels did not: its attention kernel lays its
+  output out otherwise, and torch.export recorded two more `contiguous` copies per
+  attention at `aten`; `orchestrator profile --device meta` now captures such graphs
+  on fake CPU tensors, `orchestrator.profile.api._tensors_for`.)
 """
 
 from __future__ import annotations
@@ -435,7 +436,8 @@ CAPTURED_GRANULARITIES = ("aten", "core-aten")
 
 def check_operator_graphs(device: str, models=CAPTURED_MODELS,
                           granularities=CAPTURED_GRANULARITIES) -> tuple[bool, str]:
-    """`device`'s captures against the CPU's; run on `meta` it shows the difference above."""
+    """`device`'s captures against the CPU's (`meta`: those `orchestrator profile
+    --device meta` makes)."""
     if device != "meta":
         needs_cuda(device)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import SimpleNamespace
 
 import torch
@@ -53,24 +53,52 @@ def default_device(preset: str) -> str:
 def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
               device: str | torch.device | None = None, seed: int = 0,
               granularity: str = "module") -> tuple[Partition, ModelSpec]:
-    """Build `model` (weights from `seed`) and cut its captured step into ops."""
-    part, spec, _ = _captured(model, preset=preset, seq_chunk=seq_chunk, device=device,
-                              seed=seed, granularity=granularity)
+    """Build `model` (weights from `seed`) and cut its captured step into ops; on the
+    `meta` device no weight is allocated and the ops are a CPU capture's
+    (`_tensors_for`)."""
+    device, tensors = _tensors_for(device, granularity)
+    with tensors:
+        part, spec, _ = _captured(model, preset=preset, seq_chunk=seq_chunk,
+                                  device=device, seed=seed, granularity=granularity)
     return part, spec
 
 
-def worker_partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
-                     seed: int = 0, granularity: str = "module") -> Partition:
+def worker_partition(model: str, *, preset: str = "tiny", seed: int = 0,
+                     granularity: str = "module") -> Partition:
     """The partition a worker cuts (it builds and captures the model on its CPU), with
-    no weight allocated: the model is built in a FakeTensorMode on the CPU. The meta
-    device is no stand-in for the CPU here: its scaled_dot_product_attention kernel lays
-    the output out otherwise, so torch.export records two `contiguous` copies more per
-    transformers attention at `aten` granularity (and other ops at `core-aten`), and a
-    check against it refuses plans the worker runs."""
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        part, _, _ = _captured(model, preset=preset, seq_chunk=seq_chunk, device="cpu",
-                               seed=seed, granularity=granularity)
-    return part
+    no weight allocated (see `_tensors_for`)."""
+    return partition(model, preset=preset, seed=seed, granularity=granularity,
+                     device="meta")[0]
+
+
+@contextmanager
+def _generic_cpu_kernels():
+    """FakeTensorMode's CPU picks MKL-DNN kernels where it can (an LSTM becomes one
+    `mkldnn_rnn_layer`, which FlopCounterMode has no formula for: GNMT's encoder
+    counted 0 FLOPs); with MKL-DNN off the CPU takes its generic kernels. Those match
+    the meta device's (Inception-V3, VGG-16: the same costs to the bit) but for the
+    LSTM, whose input GEMM the CPU runs once for all time steps, as cuDNN does, where
+    the meta device runs one per step: 3-5% less projected step for BigLSTM and GNMT
+    at `aten` granularity than the meta device gave."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
+
+
+def _tensors_for(device, granularity: str) -> tuple[str | torch.device | None,
+                                                   AbstractContextManager]:
+    """Where a capture's tensors live, and the mode they are made in. At an operator
+    granularity `meta` builds the model in a FakeTensorMode on the CPU: shapes and no
+    memory, as on the meta device, but the CPU's kernels choose the output layouts, so
+    the graph torch.export records is the one a worker records on its CPU, op for op.
+    On the meta device itself scaled_dot_product_attention takes the math kernel, whose
+    output layout made torch.export add two `contiguous` copies to every transformers
+    attention at `aten` (and other ops at `core-aten`): a plan of that graph named op
+    ids the worker's graph lacks. At `module` granularity the ops are layers, which
+    both devices cut alike, and the meta device stays (fake tensors cost about 1.5x
+    its time to profile)."""
+    if str(device) == "meta" and granularity != "module":
+        return "cpu", FakeTensorMode(allow_non_fake_inputs=True)
+    return device, nullcontext()
 
 
 def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: int,
@@ -145,33 +173,19 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     if repeats < 1 or warmup < 0:
         raise UserError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
     start = time.perf_counter()
-    part, spec, captured = _captured(model, preset=preset, seq_chunk=seq_chunk,
-                                     device=device, seed=0, granularity=granularity)
-    batch = spec.batch_size(batch, "--batch")
-    data = spec.make_batch(batch, device=device)
-    timed = measured is not None
-    eff = efficiency or Efficiency()
-    with _threads(1):
-        env = reference_env(part, data)
-        steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
-        with _progress_bar(len(part.ops) + steps, f"profiling {spec.name}",
-                           progress) as bar:
-            costs: list[OpCost] = []
-            seen: dict[tuple, OpCost] = {}
-            for op in part.ops:
-                key = op_signature(part, op.id, env)
-                if key not in seen:
-                    seen[key] = measure_op(part, op.id, env)
-                costs.append(copy.deepcopy(seen[key]))
-                bar.update()
-            if timed:
-                times = time_ops(part, data, repeats=repeats, warmup=warmup,
-                                 progress=bar.update)
-                for cost, (f, b) in zip(costs, times):
-                    cost.forward_s, cost.backward_s = f, b
-                split = measure_split_costs(part, data, repeats=repeats, warmup=warmup,
-                                            progress=bar.update)
-        memory = step_peak_bytes(part.module, data)
+    tensor_device, tensors = _tensors_for(device, granularity)
+    with tensors, _threads(1):
+        part, spec, captured = _captured(model, preset=preset, seq_chunk=seq_chunk,
+                                         device=tensor_device, seed=0,
+                                         granularity=granularity)
+        batch = spec.batch_size(batch, "--batch")
+        data = spec.make_batch(batch, device=tensor_device)
+        timed = measured is not None
+        eff = efficiency or Efficiency()
+        with _generic_cpu_kernels() if tensor_device != device else nullcontext():
+            env, costs, split = _costs(part, data, timed=timed, repeats=repeats,
+                                       warmup=warmup, progress=progress, name=spec.name)
+            memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, measured=measured, batch=batch,
                       target=target, precision=precision, extra_kinds=extra_kinds)
     metadata = dict(graph.metadata, **memory, granularity=granularity,
@@ -184,6 +198,33 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
         metadata["gpu_times"] = (f"{measured} measured (CUDA events) on "
                                  f"{torch.cuda.get_device_name()}, others projected")
     return OpGraph(ops=graph.ops, edges=graph.edges, name=graph.name, metadata=metadata)
+
+
+def _costs(part: Partition, data, *, timed: bool, repeats: int, warmup: int,
+           progress: bool, name: str):
+    """The reference values of a step, each op's kernels (ops of one signature measured
+    once) and, when `timed`, each op's forward and backward seconds and the split
+    step's costs."""
+    env = reference_env(part, data)
+    steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
+    split = None
+    with _progress_bar(len(part.ops) + steps, f"profiling {name}", progress) as bar:
+        costs: list[OpCost] = []
+        seen: dict[tuple, OpCost] = {}
+        for op in part.ops:
+            key = op_signature(part, op.id, env)
+            if key not in seen:
+                seen[key] = measure_op(part, op.id, env)
+            costs.append(copy.deepcopy(seen[key]))
+            bar.update()
+        if timed:
+            times = time_ops(part, data, repeats=repeats, warmup=warmup,
+                             progress=bar.update)
+            for cost, (f, b) in zip(costs, times):
+                cost.forward_s, cost.backward_s = f, b
+            split = measure_split_costs(part, data, repeats=repeats, warmup=warmup,
+                                        progress=bar.update)
+    return env, costs, split
 
 
 def measure_step_s(model: str, *, preset: str = "tiny", batch: int | None = None,

@@ -86,7 +86,10 @@ class _KernelLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not func.is_view and func.overloadpacket.__name__ not in _NO_DATA_OPS:
+        # prim calls (`prim.device` and the like: FakeTensorMode dispatches them, the
+        # meta device does not) read metadata, not data.
+        if (not func.is_view and func.namespace != "prim"
+                and func.overloadpacket.__name__ not in _NO_DATA_OPS):
             moved = _nbytes((args, kwargs)) + _nbytes(out)
             self.calls.append((func.overloadpacket.__name__, float(moved)))
         return out
