@@ -7,9 +7,10 @@ Writes OUT_DIR/<model>_training.json for BERT with 3, 6 and 12 layers (transform
 masked-LM loss on 15% of the tokens, dropout 0.1 as published) and ResNet-50
 (`ResNetForImageClassification`, bottleneck blocks [3, 4, 6, 3], 224x224 images, its own
 classification loss), batch 8. Each is profiled (`orchestrator.profile.profile_model`,
-`paper` preset: built on the meta device, so no weight is allocated and shapes, FLOPs
-and bytes are exact, times projected by the roofline for cpu, v100, a100 and h100) at
-operator granularity (default `decomposed`: ResNet-50's batch norms as their
+`paper` preset, `--device meta`: no weight is allocated (at operator granularity the
+model is captured on fake CPU tensors, so the graph is the one a worker captures), and
+shapes, FLOPs and bytes are exact, times projected by the roofline for cpu, v100, a100
+and h100) at operator granularity (default `decomposed`: ResNet-50's batch norms as their
 arithmetic, so that it has about as many ops as BERT-12), then unrolled into an
 explicit training graph: op i's backward is op N + i (`is_backward`), the gradient of each edge u -> v is an edge v' -> u' of
 the same size, each sink op feeds its own backward, and every op sits in one
