@@ -1,7 +1,7 @@
 """The sweep's search space: every mp_degree that fits the job, each with the global
 batches around its own predicted best, and the prediction for each: the worker's step
-as timed on this host (placement/scaling/timed_step.py) plus the modelled allreduce
-where the job has one, or the scaling model's alone where nothing was timed."""
+as timed on this host with the job's dp workers side by side, allreduce included
+(placement/scaling/timed_step.py), or the scaling model's where nothing was timed."""
 
 from __future__ import annotations
 
