@@ -278,13 +278,6 @@ def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[i
     return timed
 
 
-def retimer(args: JobArgs, plans: dict[int, Plan]):
-    """What times the candidates' steps again before each trial after the first."""
-    from orchestrator.train.step_timing import Retimer
-
-    return Retimer(model=args.model, preset=args.preset, plans=plans)
-
-
 def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
                 devices: JobDevices, efficiency: StatisticalEfficiency,
                 rule: BatchRule, timed: dict[int, TimedStep] | None) -> SweepOutcome:
@@ -310,8 +303,7 @@ def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[in
                    data=args.data, device_kind=kind, plans=plans, efficiency=efficiency,
                    dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()))
     grid = run_sweep(kept, job, max_trials=args.max_trials, max_concurrent=concurrent,
-                     time_budget_s=args.time_budget_s, resume=args.resume, driver=driver,
-                     retime=None if timed is None else retimer(args, plans))
+                     time_budget_s=args.time_budget_s, resume=args.resume, driver=driver)
     if args.resume:
         for folder in set_aside_unrecorded_trials(Path(grid.experiment_path),
                                                   {r.path for r in grid if r.path}):

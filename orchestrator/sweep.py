@@ -18,7 +18,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler
 
 from orchestrator.runtime.device_kind import DeviceKind
-from orchestrator.search import CorrectedSearcher, Retime
+from orchestrator.search import CorrectedSearcher
 from orchestrator.train.capacity import NodeResources, check_fits
 from orchestrator.train.cluster import DRIVER_RESOURCE, DRIVER_RESOURCE_AMOUNT
 from orchestrator.train.config import TrainConfig
@@ -111,11 +111,10 @@ def _trial(config: dict, *, job: SweepJob) -> None:
 
 def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int,
               max_concurrent: int, time_budget_s: float | None, resume: bool,
-              driver: dict, retime: Retime | None = None) -> tune.ResultGrid:
+              driver: dict) -> tune.ResultGrid:
     """Run (or, with `resume`, continue) the sweep of at most `max_trials` of the
-    `candidates`, in the order CorrectedSearcher picks (with `retime`, by steps timed
-    again before each trial after the first); finished trials are never re-run. Trials
-    rank by the time to accuracy their workers project."""
+    `candidates`, in the order CorrectedSearcher picks; finished trials are never
+    re-run. Trials rank by the time to accuracy their workers project."""
     path = Path(job.storage) / EXPERIMENT
     # The job's fixed inputs travel by reference, so only the candidate is a trial's
     # configuration (what the dashboard and the console table show).
@@ -126,8 +125,7 @@ def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=CorrectedSearcher(candidates, max_trials, metric=METRIC,
-                                         retime=retime),
+            search_alg=CorrectedSearcher(candidates, max_trials, metric=METRIC),
             num_samples=max_trials,
             # max_t past the last step: a trial that runs to its end finishes by itself
             # (its TorchTrainer returns and releases its workers) instead of being

@@ -27,7 +27,6 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "mp_degree": c.mp_degree, "dp_degree": c.dp_degree, "global_batch": c.global_batch,
         "num_micro_batches": c.num_micro_batches, "lr": c.lr,
         "model_step_s": c.predicted_step_s, "step_source": c.step_source,
-        "sweep_step_s": config["sweep_step_s"],
         "predicted_parts_s": dict(c.predicted_parts_s),
         "predicted_step_s": ranked["predicted_step_s"],
         "predicted_time_s": ranked["predicted_time_s"],

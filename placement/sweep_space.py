@@ -5,7 +5,6 @@ as timed on this host with the job's dp workers side by side, allreduce included
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,7 +27,6 @@ StepModel = Callable[[float], WorkerStep]
 #: What a candidate's predicted step is made of (`Candidate.step_source`).
 MODELLED = "scaling model"
 TIMED = "executor step timed here, its dp workers side by side"
-RETIMED = "executor step timed again just before the trial, its dp workers side by side"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +44,7 @@ class Candidate:
     """`predicted_step_s` by part: compute, allreduce (the share not hidden by the
     backward) and optimizer, in seconds."""
     step_source: str = MODELLED
-    """What `predicted_step_s` is made of: `MODELLED`, `TIMED` or `RETIMED`."""
+    """What `predicted_step_s` is made of: `MODELLED` or `TIMED`."""
 
     @property
     def mp_degree(self) -> int:
@@ -98,25 +96,6 @@ def _scanned(step_model: StepModel, mp_degree: int, num_gpus: int, cluster: Clus
     return out
 
 
-def _timed_parts(timed: TimedStep, config: HybridConfig) -> dict[str, float]:
-    """The timed step of `config`'s worker batch, by part."""
-    assert (timed.mp_degree, timed.dp_degree) == (config.mp_degree, config.dp_degree), (
-        timed, config)
-    batch = config.worker_batch
-    return {"compute": timed.compute_at(batch), "allreduce": timed.allreduce_at(batch),
-            "optimizer": timed.optimizer_s}
-
-
-def retimed(c: Candidate, timed: TimedStep) -> Candidate:
-    """`c` predicted by a newer timing of its worker step (the host's load has moved
-    since the sweep's timing): the same steps to accuracy at the new step time."""
-    parts = _timed_parts(timed, c.config)
-    step = sum(parts.values())
-    return dataclasses.replace(c, predicted_step_s=step,
-                               predicted_time_s=c.predicted_time_s * step / c.predicted_step_s,
-                               predicted_parts_s=parts, step_source=RETIMED)
-
-
 def _candidate(p: Projection, timed: TimedStep | None, base_batch: int,
                base_lr: float) -> Candidate:
     """A scanned point with its prediction: the timed step at its worker batch (its
@@ -125,7 +104,11 @@ def _candidate(p: Projection, timed: TimedStep | None, base_batch: int,
         parts, source = {"compute": p.compute_s, "allreduce": p.exposed_allreduce_s,
                          "optimizer": p.optimizer_s}, MODELLED
     else:
-        parts, source = _timed_parts(timed, p.config), TIMED
+        assert timed.dp_degree == p.config.dp_degree, (timed.dp_degree, p.config)
+        batch = p.config.worker_batch
+        parts, source = {"compute": timed.compute_at(batch),
+                         "allreduce": timed.allreduce_at(batch),
+                         "optimizer": timed.optimizer_s}, TIMED
     step = sum(parts.values())
     gb = int(p.config.global_batch)
     return Candidate(config=p.config, lr=linear_lr(base_lr, base_batch, gb),

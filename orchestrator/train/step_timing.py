@@ -16,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +25,6 @@ from orchestrator.train.sync import DDPSync, GradientSync
 from orchestrator.train.worker_executor import PlannedModel, build_executor, gradient_sync
 from placement.plan import Plan
 from placement.scaling.timed_step import TimedStep, timed_step
-from placement.sweep_space import Candidate, retimed
 
 #: Timed rounds per mp_degree at most; a round is one step at each batch, in turn.
 #: Tiny BigLSTM's 25 rounds span about as many seconds as a 60-step trial's median.
@@ -36,9 +34,6 @@ MIN_ROUNDS = 3
 #: Seconds of rounds per mp_degree after which no new round starts (a large model's
 #: steps must not turn the timing into a training run of its own).
 BUDGET_S = 3.0
-#: The budget of a timing again just before a trial (orchestrator/search.py): its few
-#: batches at one or two mp_degrees, while the sweep waits.
-RETIME_BUDGET_S = 1.0
 #: How long the side-by-side workers wait for each other at a collective before the
 #: timing fails (a worker that died leaves the others waiting).
 GROUP_TIMEOUT_S = 120
@@ -74,17 +69,17 @@ def _step(planned: PlannedModel, sync: DDPSync | GradientSync,
 
 
 def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
-            clock: Callable[[], float], agree: Callable[[bool], bool],
-            budget_s: float) -> dict[float, list[StepParts]]:
+            clock: Callable[[], float],
+            agree: Callable[[bool], bool]) -> dict[float, list[StepParts]]:
     """One warm-up step at each batch, then rounds of one step at each batch in turn
-    until MAX_ROUNDS or, past MIN_ROUNDS, `budget_s`; `agree(stop)` turns this
+    until MAX_ROUNDS or, past MIN_ROUNDS, the budget; `agree(stop)` turns this
     worker's wish to stop into the decision every worker takes."""
     for b in sizes:
         step(b)
     samples: dict[float, list[StepParts]] = {b: [] for b in sizes}
     started = clock()
     for r in range(MAX_ROUNDS):
-        if agree(r >= MIN_ROUNDS and clock() - started > budget_s):
+        if agree(r >= MIN_ROUNDS and clock() - started > BUDGET_S):
             break
         for b in sizes:
             samples[b].append(step(b))
@@ -101,8 +96,7 @@ def _built(model: str, preset: str, plan: Plan, sizes: Sequence[int],
 
 
 def _timed_samples(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
-                   world: int, clock: Callable[[], float],
-                   budget_s: float) -> dict[float, list[StepParts]]:
+                   world: int, clock: Callable[[], float]) -> dict[float, list[StepParts]]:
     """This worker's samples: its executor and gradient sync among `world` workers (the
     process group is up when world > 1)."""
     sync = gradient_sync(planned, plan, [torch.device("cpu")] * plan.num_devices, world)
@@ -125,11 +119,11 @@ def _timed_samples(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple],
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag[0] > 0)
 
-    return _rounds(step, sorted(data), clock, agree, budget_s)
+    return _rounds(step, sorted(data), clock, agree)
 
 
 def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Plan,
-                         data: Mapping[int, tuple], budget_s: float, folder: Path) -> None:
+                         data: Mapping[int, tuple], folder: Path) -> None:
     """One of `world` forked workers (a copy of the driver's executor each); rank 0
     writes its samples to `folder`."""
     # Before any op: a forked process must not enter the parent's OpenMP pool.
@@ -138,8 +132,7 @@ def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Pla
                             world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        samples = _timed_samples(planned, plan, data, world=world, clock=time.perf_counter,
-                                 budget_s=budget_s)
+        samples = _timed_samples(planned, plan, data, world=world, clock=time.perf_counter)
         # Every rank's gloo work is done before any rank tears its group down.
         dist.barrier()
     finally:
@@ -171,7 +164,7 @@ def _wait_all(procs: list) -> None:
 
 
 def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
-                  dp_degree: int, budget_s: float) -> dict[float, list[StepParts]]:
+                  dp_degree: int) -> dict[float, list[StepParts]]:
     """Rank 0's samples of `dp_degree` workers timed side by side, each its own process
     as in a trial. Forked from the driver, which has built the executor: a fresh
     interpreter takes 4 s to import torch here and more to capture the model again,
@@ -181,7 +174,7 @@ def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], 
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as name:
         folder = Path(name)
         procs = [fork.Process(target=_side_by_side_worker,
-                              args=(r, dp_degree, planned, plan, data, budget_s, folder))
+                              args=(r, dp_degree, planned, plan, data, folder))
                  for r in range(dp_degree)]
         for p in procs:
             p.start()
@@ -191,7 +184,7 @@ def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], 
 
 
 def time_plan(model: str, preset: str, plan: Plan, batches: Sequence[float], *,
-              dp_degree: int = 1, seed: int = 0, budget_s: float = BUDGET_S,
+              dp_degree: int = 1, seed: int = 0,
               clock: Callable[[], float] = time.perf_counter) -> TimedStep:
     """`plan`'s worker step at each of `batches` (samples per worker) among `dp_degree`
     workers: in this process alone (dp 1, on `clock`), else side by side in forked
@@ -201,9 +194,8 @@ def time_plan(model: str, preset: str, plan: Plan, batches: Sequence[float], *,
         batches, plan.num_micro_batches)
     with _one_thread():
         planned, data = _built(model, preset, plan, sizes, seed)
-        samples = (_timed_samples(planned, plan, data, world=1, clock=clock, budget_s=budget_s)
-                   if dp_degree == 1 else
-                   _side_by_side(planned, plan, data, dp_degree=dp_degree, budget_s=budget_s))
+        samples = (_timed_samples(planned, plan, data, world=1, clock=clock) if dp_degree == 1
+                   else _side_by_side(planned, plan, data, dp_degree=dp_degree))
     return timed_step(plan.num_devices, dp_degree, plan.num_micro_batches, samples)
 
 
@@ -215,25 +207,3 @@ def time_worker_steps(model: str, preset: str, plans: Mapping[int, Plan],
     return {m: time_plan(model, preset, plans[m], bs, dp_degree=dp_degrees[m], seed=seed)
             for m, bs in sorted(batches.items())}
 
-
-
-@dataclass(frozen=True)
-class Retimer:
-    """The sweep's `retime` (orchestrator/search.py): each candidate's step timed again,
-    as the sweep's first timing did, at the worker batches of the candidates asked about,
-    within RETIME_BUDGET_S per (mp_degree, dp_degree). Plain data, so that Tune can save
-    it with the experiment."""
-
-    model: str
-    preset: str
-    plans: Mapping[int, Plan]
-    seed: int = 0
-
-    def __call__(self, candidates: Sequence[Candidate]) -> list[Candidate]:
-        batches: dict[tuple[int, int], set[float]] = {}
-        for c in candidates:
-            batches.setdefault((c.mp_degree, c.dp_degree), set()).add(c.config.worker_batch)
-        timed = {(m, dp): time_plan(self.model, self.preset, self.plans[m], sorted(bs),
-                                    dp_degree=dp, seed=self.seed, budget_s=RETIME_BUDGET_S)
-                 for (m, dp), bs in sorted(batches.items())}
-        return [retimed(c, timed[c.mp_degree, c.dp_degree]) for c in candidates]

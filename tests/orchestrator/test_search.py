@@ -1,7 +1,5 @@
 """The sweep's Tune search algorithm, driven as Tune drives it (no Ray needed)."""
 
-import dataclasses
-
 import pytest
 from ray.tune.search import Searcher
 
@@ -69,32 +67,3 @@ def test_a_trials_record_keeps_the_prediction_that_ranked_it():
     third = trial_record(s.suggest("t3"), metrics)
     assert (third["key"], third["calibrated"], third["correction_from"]) == (
         "mp2-b32", True, "mp 2 trials")
-
-
-def test_every_trial_after_the_first_is_ranked_by_its_steps_timed_again_then():
-    # The host slowed mp 1's steps 3x after the sweep's timing: timed again before the
-    # second trial, mp1-b32 (12 s x 3) falls behind mp2-b32 (13 s), where the sweep's
-    # timing alone would still have run it next.
-    asked: list[list[str]] = []
-
-    def retime(untried):
-        asked.append([c.key() for c in untried])
-        return [dataclasses.replace(c, predicted_step_s=0.03,
-                                    predicted_time_s=c.predicted_time_s * 3)
-                if c.mp_degree == 1 else c for c in untried]
-
-    s = CorrectedSearcher(CANDIDATES, max_trials=3, metric="projected_time_s", retime=retime)
-    first = s.suggest("t1")
-    assert asked == []  # the sweep's own timing, just made, ranks the first
-    assert first["sweep_step_s"] == 0.01
-    s.on_trial_complete("t1", {MEASURED: 0.01})  # mp1-b64, as its timing predicted
-    second = s.suggest("t2")
-    assert asked == [["mp1-b32", "mp2-b64", "mp2-b32"]]
-    assert Candidate.from_dict(second["candidate"]).key() == "mp2-b64"  # coverage first
-    s.on_trial_complete("t2", {MEASURED: 0.01})
-    third = s.suggest("t3")
-    assert Candidate.from_dict(third["candidate"]).key() == "mp2-b32"
-    # mp1-b32 was ranked by its step timed again: 30 ms; what the sweep saw stays recorded.
-    untried = s.retime([c for c in CANDIDATES if c.key() == "mp1-b32"])
-    assert untried[0].predicted_step_s == 0.03 and third["sweep_step_s"] == 0.01
-    assert s.suggest("t4") == Searcher.FINISHED

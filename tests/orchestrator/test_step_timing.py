@@ -3,7 +3,6 @@ sync, at every batch asked for, in alternating rounds, within its budget, with t
 workers side by side in processes of their own."""
 
 import itertools
-import time
 
 import pytest
 import torch
@@ -11,9 +10,7 @@ import torch
 from orchestrator.train import step_timing
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.planning import plan_worker
-from orchestrator.train.step_timing import MIN_ROUNDS, Retimer, time_plan
-from placement.scaling.crossover import HybridConfig
-from placement.sweep_space import RETIMED, Candidate
+from orchestrator.train.step_timing import MIN_ROUNDS, time_plan
 
 USER_MLP = "tests.orchestrator.user_models:mlp"
 
@@ -76,22 +73,3 @@ def test_a_batch_that_does_not_split_into_the_micro_batches_is_a_bug(biglstm_pla
 
 def _one_device_plan():
     return plan_worker(TrainConfig(model=USER_MLP, global_batch=8), time_limit_s=5)
-
-
-def test_the_sweeps_retimer_times_each_candidates_worker_batch_with_its_dp_workers():
-    plan = _one_device_plan()
-    candidates = [Candidate(config=HybridConfig(dp_degree=2, mp_degree=1, global_batch=gb,
-                                                num_micro_batches=1),
-                            lr=0.1, predicted_step_s=1.0, predicted_time_s=1000.0)
-                  for gb in (8, 16)]
-    started = time.perf_counter()
-    got = Retimer(model=USER_MLP, preset="tiny", plans={1: plan})(candidates)
-    # One side-by-side timing of both batches within its short budget, not one each.
-    assert time.perf_counter() - started < 10 * step_timing.RETIME_BUDGET_S
-    assert [c.step_source for c in got] == [RETIMED, RETIMED]
-    for old, new in zip(candidates, got):
-        assert new.config == old.config
-        # A tiny MLP's step takes well under a second: the placeholder is gone.
-        assert 0 < new.predicted_step_s < 0.5
-        assert new.predicted_step_s == pytest.approx(sum(new.predicted_parts_s.values()))
-        assert new.predicted_time_s == pytest.approx(1000.0 * new.predicted_step_s)

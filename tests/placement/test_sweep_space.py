@@ -9,9 +9,8 @@ from placement.scaling.crossover import HybridConfig, ScalingParams, project
 from placement.scaling.efficiency import NoiseScaleModel
 from placement.scaling.step import WorkerStep
 from placement.scaling.timed_step import TimedStep
-from placement.sweep_space import (BATCH_MULTIPLES, MODELLED, NUM_NEIGHBOURS, RETIMED, TIMED,
-                                   Candidate, best_per_mp_degree, retimed,
-                                   scanned_worker_batches, sweep_space)
+from placement.sweep_space import (BATCH_MULTIPLES, MODELLED, NUM_NEIGHBOURS, TIMED, Candidate,
+                                   best_per_mp_degree, scanned_worker_batches, sweep_space)
 
 CLUSTER = preset("dgx1-v100")
 EFFICIENCY = NoiseScaleModel(b_noise=256, min_epochs=1)
@@ -151,23 +150,3 @@ def test_a_timed_step_predicts_each_candidate_with_its_timed_allreduce():
     modelled = space(models, num_gpus=8, base_batch=16)
     assert sorted(c.global_batch for c in modelled if c.mp_degree == 2) == [16, 32, 64]
     assert all(c.step_source == MODELLED for c in modelled)
-
-
-def test_a_candidate_timed_again_keeps_its_steps_to_accuracy_at_the_new_step():
-    models = {1: step_model(1, 0.01, 1e-3), 2: step_model(2, 0.01, 1e-2, micro=4)}
-    timed = timed_like(models, 8, 16, lambda m, b: 0.020 + 1e-3 * b)
-    c = next(c for c in space(models, num_gpus=8, base_batch=16, timed=timed)
-             if c.mp_degree == 1)
-    worker_batch = c.global_batch / c.dp_degree
-    again = timed_like(models, 8, 16, lambda m, b: 0.060 + 3e-3 * b)[1]
-    r = retimed(c, again)
-    parts = {"compute": 0.060 + 3e-3 * worker_batch, "allreduce": 1e-3 + 1e-4 * worker_batch,
-             "optimizer": 0.002}
-    assert r.predicted_parts_s == pytest.approx(parts)
-    assert r.predicted_step_s == pytest.approx(sum(parts.values()))
-    # Steps to accuracy do not see the host's load: time = steps x the new step.
-    assert r.predicted_time_s / r.predicted_step_s == pytest.approx(
-        c.predicted_time_s / c.predicted_step_s)
-    assert (r.config, r.lr, r.step_source) == (c.config, c.lr, RETIMED)
-    with pytest.raises(AssertionError):  # another mp_degree's timing is a bug
-        retimed(c, timed[2])
