@@ -37,6 +37,10 @@ BUDGET_S = 3.0
 #: How long the side-by-side workers wait for each other at a collective before the
 #: timing fails (a worker that died leaves the others waiting).
 GROUP_TIMEOUT_S = 120
+#: Seconds between looks at the side-by-side workers while they run.
+POLL_S = 0.05
+#: Where rank 0 of the side-by-side workers leaves its samples.
+SAMPLES_FILE = "samples.json"
 
 #: The (compute, allreduce, optimizer) seconds of one step.
 StepParts = tuple[float, float, float]
@@ -141,11 +145,6 @@ def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Pla
         (folder / SAMPLES_FILE).write_text(json.dumps({str(b): s for b, s in samples.items()}))
 
 
-SAMPLES_FILE = "samples.json"
-#: Seconds between looks at the side-by-side workers while they run.
-POLL_S = 0.05
-
-
 def _wait_all(procs: list) -> None:
     """Wait for every worker; the first that fails ends the others (they would wait
     for it at their next collective until GROUP_TIMEOUT_S) and raises."""
@@ -166,9 +165,9 @@ def _wait_all(procs: list) -> None:
 def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
                   dp_degree: int) -> dict[float, list[StepParts]]:
     """Rank 0's samples of `dp_degree` workers timed side by side, each its own process
-    as in a trial. Forked from the driver, which has built the executor: a fresh
-    interpreter takes 4 s to import torch here and more to capture the model again,
-    several times the timing itself. A forked worker touches none of the driver's Ray
+    as in a trial. Forked from the driver, which has built the executor: fresh
+    interpreters import torch and capture the model again (measured with tiny BigLSTM's
+    mp 1 pair: 18-21 s spawned against 3.5 s forked, the rounds included). A forked worker touches none of the driver's Ray
     state and leaves by os._exit (multiprocessing's), running none of its exit hooks."""
     fork = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as name:

@@ -1,6 +1,7 @@
-"""The executor a worker runs for its plan: the one construction that the Ray Train
-worker (worker.py) and the sweep's timing of each mp_degree before its trials
-(step_timing.py) share, so that what is timed is what trains."""
+"""The executor a worker runs for its plan, and how it averages its gradients with the
+other workers: the one construction that the Ray Train worker (worker.py) and the
+sweep's timing of each mp_degree before its trials (step_timing.py) share, so that what
+is timed is what trains."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@ sync, at every batch asked for, in alternating rounds, within its budget, with t
 workers side by side in processes of their own."""
 
 import itertools
+import multiprocessing
+import sys
+import time
 
 import pytest
 import torch
@@ -73,3 +76,15 @@ def test_a_batch_that_does_not_split_into_the_micro_batches_is_a_bug(biglstm_pla
 
 def _one_device_plan():
     return plan_worker(TrainConfig(model=USER_MLP, global_batch=8), time_limit_s=5)
+
+
+def test_a_side_by_side_worker_that_fails_ends_the_others_and_raises():
+    # The other worker would wait at its next collective until GROUP_TIMEOUT_S.
+    fork = multiprocessing.get_context("fork")
+    procs = [fork.Process(target=sys.exit, args=(3,)), fork.Process(target=time.sleep, args=(60,))]
+    started = time.monotonic()
+    for p in procs:
+        p.start()
+    with pytest.raises(RuntimeError, match=r"exited with \[3, -9\]"):
+        step_timing._wait_all(procs)
+    assert time.monotonic() - started < 10
