@@ -242,18 +242,18 @@ def crossover_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph,
 
 
 def timed_status(t: TimedStep) -> str:
-    """One status line per timed mp_degree: its step (without allreduce) per batch."""
+    """One status line per timed mp_degree: its step (allreduce included) per batch."""
     steps = ", ".join(f"{t.step_s(b) * 1e3:.1f} ms at {b:g}" for b in t.batches)
-    return (f"mp {t.mp_degree} ({t.num_micro_batches} micro-batches), timed step per "
-            f"worker batch: {steps} (medians of {t.rounds})")
+    return (f"mp {t.mp_degree} x dp {t.dp_degree} ({t.num_micro_batches} micro-batches), "
+            f"timed step per worker batch: {steps} (medians of {t.rounds})")
 
 
 def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
                  devices: JobDevices, efficiency: StatisticalEfficiency,
                  rule: BatchRule) -> dict[int, TimedStep] | None:
-    """Each mp_degree's worker step timed in this process at every worker batch the
-    sweep may run, where the devices are this host's CPU threads; None on GPUs, whose
-    trials the scaling model ranks."""
+    """Each mp_degree's worker step timed here, its dp workers side by side, at every
+    worker batch the sweep may run, where the devices are this host's CPU threads; None
+    on GPUs, whose trials the scaling model ranks."""
     if not devices.kind.measured_here:
         return None
     saved = args.storage / TIMED_STEPS_FILE
@@ -267,9 +267,11 @@ def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[i
                                      devices.cluster, base_batch=inputs.base_batch,
                                      num_gpus=devices.num_gpus, efficiency=efficiency,
                                      dataset_size=inputs.dataset_size)
-    status("4/6 sweep", f"timing each mp_degree's executor step here, at the worker batches "
+    dp_degrees = {m: devices.num_gpus // m for m in batches}
+    status("4/6 sweep", f"timing each mp_degree's executor step here, its dp workers side by "
+                        f"side ({dp_degrees}), at the worker batches "
                         f"{ {m: [int(b) for b in bs] for m, bs in batches.items()} }")
-    timed = time_worker_steps(args.model, args.preset, plans, batches)
+    timed = time_worker_steps(args.model, args.preset, plans, batches, dp_degrees)
     saved.write_text(json.dumps([t.to_dict() for t in timed.values()], indent=1) + "\n")
     for t in timed.values():
         status("4/6 sweep", timed_status(t))

@@ -1,7 +1,7 @@
 """The sweep's search space: every mp_degree that fits the job, each with the global
 batches around its own predicted best, and the prediction for each: the worker's step
-as timed on this host (placement/scaling/timed_step.py) plus the modelled allreduce
-where the job has one, or the scaling model's alone where nothing was timed."""
+as timed on this host with the job's dp workers side by side, allreduce included
+(placement/scaling/timed_step.py), or the scaling model's where nothing was timed."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ StepModel = Callable[[float], WorkerStep]
 
 #: What a candidate's predicted step is made of (`Candidate.step_source`).
 MODELLED = "scaling model"
-TIMED = "executor step timed here + modelled allreduce"
+TIMED = "executor step timed here, its dp workers side by side"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,14 +98,16 @@ def _scanned(step_model: StepModel, mp_degree: int, num_gpus: int, cluster: Clus
 
 def _candidate(p: Projection, timed: TimedStep | None, base_batch: int,
                base_lr: float) -> Candidate:
-    """A scanned point with its prediction: the timed step at its worker batch plus the
-    modelled allreduce, or the scaling model's step where `timed` is None."""
+    """A scanned point with its prediction: the timed step at its worker batch (its
+    allreduce timed too), or the scaling model's step where `timed` is None."""
     if timed is None:
         parts, source = {"compute": p.compute_s, "allreduce": p.exposed_allreduce_s,
                          "optimizer": p.optimizer_s}, MODELLED
     else:
-        parts, source = {"compute": timed.compute_at(p.config.worker_batch),
-                         "allreduce": p.exposed_allreduce_s,
+        assert timed.dp_degree == p.config.dp_degree, (timed.dp_degree, p.config)
+        batch = p.config.worker_batch
+        parts, source = {"compute": timed.compute_at(batch),
+                         "allreduce": timed.allreduce_at(batch),
                          "optimizer": timed.optimizer_s}, TIMED
     step = sum(parts.values())
     gb = int(p.config.global_batch)
@@ -139,7 +141,8 @@ def sweep_space(step_models: Mapping[int, StepModel], cluster: ClusterSpec, *, b
     predicted best global batch and `NUM_NEIGHBOURS` scanned batches on each side; all
     of them by predicted time to accuracy. A best at the edge of the scan keeps its one
     neighbour: the space does not extrapolate past what was scanned. `timed[m]`, where
-    given, predicts mp_degree m's steps (it must cover `scanned_worker_batches`)."""
+    given, predicts mp_degree m's steps (it must cover `scanned_worker_batches`, timed
+    with num_gpus // m workers)."""
     out: list[Candidate] = []
     for m, model in sorted(step_models.items()):
         if m > num_gpus:

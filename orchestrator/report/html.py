@@ -61,11 +61,13 @@ def _timed_text(timed: list[dict] | None) -> str:
     """What was timed before the sweep, in words ('' where nothing was)."""
     if not timed:
         return ""
-    return "(" + "; ".join(
-        f"mp {t['mp_degree']}: " + ", ".join(f"{(c + t['optimizer_s']) * 1e3:.1f} ms at worker "
-                                             f"batch {b:g}"
-                                             for b, c in zip(t["batches"], t["compute_s"]))
-        for t in timed) + ", without allreduce, medians of alternating steps in the driver)"
+    steps = "; ".join(
+        f"mp {t['mp_degree']} x dp {t['dp_degree']}: " + ", ".join(
+            f"{(c + a + t['optimizer_s']) * 1e3:.1f} ms at worker batch {b:g}"
+            for b, c, a in zip(t["batches"], t["compute_s"], t["allreduce_s"]))
+        for t in timed)
+    return (f"({steps}, allreduce included, medians of alternating steps with the dp "
+            "workers side by side)")
 
 
 def _trial_row(t: dict) -> str:

@@ -1,19 +1,28 @@
-"""Each mp_degree's worker step timed on this host before the sweep, in-process: the
-plan's executor (the worker's own construction, worker_executor.py) on CPU threads,
-one intra-op thread per device as in the worker, at every worker batch the sweep may
-run (placement/scaling/timed_step.py says why). Only where the devices are this
-host's CPU threads (DeviceKind.measured_here): a GPU's step cannot be timed on the
-driver, and GPU jobs keep the scaling model's prediction."""
+"""Each mp_degree's worker step timed on this host before the sweep, as its trials will
+run it: the plan's executor and gradient sync (the worker's own construction,
+worker_executor.py) on CPU threads, one intra-op thread per device as in the worker, at
+every worker batch the sweep may run, and with dp_degree > 1 the job's dp workers side
+by side, one forked process each in one gloo group (placement/scaling/timed_step.py
+says why). Only where the devices are this host's CPU threads
+(DeviceKind.measured_here): a GPU's step cannot be timed on the driver, and GPU jobs
+keep the scaling model's prediction."""
 
 from __future__ import annotations
 
+import datetime
+import json
+import multiprocessing
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from orchestrator.train.worker_executor import PlannedModel, build_executor
+from orchestrator.train.sync import DDPSync, GradientSync
+from orchestrator.train.worker_executor import PlannedModel, build_executor, gradient_sync
 from placement.plan import Plan
 from placement.scaling.timed_step import TimedStep, timed_step
 
@@ -25,6 +34,16 @@ MIN_ROUNDS = 3
 #: Seconds of rounds per mp_degree after which no new round starts (a large model's
 #: steps must not turn the timing into a training run of its own).
 BUDGET_S = 3.0
+#: How long the side-by-side workers wait for each other at a collective before the
+#: timing fails (a worker that died leaves the others waiting).
+GROUP_TIMEOUT_S = 120
+#: Seconds between looks at the side-by-side workers while they run.
+POLL_S = 0.05
+#: Where rank 0 of the side-by-side workers leaves its samples.
+SAMPLES_FILE = "samples.json"
+
+#: The (compute, allreduce, optimizer) seconds of one step.
+StepParts = tuple[float, float, float]
 
 
 @contextmanager
@@ -37,48 +56,153 @@ def _one_thread():
         torch.set_num_threads(before)
 
 
-def _step(planned: PlannedModel, optimizer: torch.optim.Optimizer, batch: tuple,
-          batch_size: int, clock: Callable[[], float]) -> tuple[float, float]:
-    """(compute, optimizer) seconds of one step, cut where the worker's StepClock cuts
-    them: zero_grad and the executor's step, then the update."""
+def _step(planned: PlannedModel, sync: DDPSync | GradientSync,
+          optimizer: torch.optim.Optimizer, batch: tuple, batch_size: int,
+          clock: Callable[[], float]) -> StepParts:
+    """One step, cut where the worker's StepClock cuts it: zero_grad and the executor's
+    step (launching each device's allreduce as its backward ends), the wait for the
+    allreduce, then the update."""
     started = clock()
     optimizer.zero_grad(set_to_none=True)
-    planned.executor.step(batch, batch_size)
+    planned.executor.step(batch, batch_size, on_device_done=sync.launch)
     computed = clock()
+    sync.finish()
+    synced = clock()
     optimizer.step()
-    return computed - started, clock() - computed
+    return computed - started, synced - computed, clock() - synced
+
+
+def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
+            clock: Callable[[], float],
+            agree: Callable[[bool], bool]) -> dict[float, list[StepParts]]:
+    """One warm-up step at each batch, then rounds of one step at each batch in turn
+    until MAX_ROUNDS or, past MIN_ROUNDS, the budget; `agree(stop)` turns this
+    worker's wish to stop into the decision every worker takes."""
+    for b in sizes:
+        step(b)
+    samples: dict[float, list[StepParts]] = {b: [] for b in sizes}
+    started = clock()
+    for r in range(MAX_ROUNDS):
+        if agree(r >= MIN_ROUNDS and clock() - started > BUDGET_S):
+            break
+        for b in sizes:
+            samples[b].append(step(b))
+    return samples
+
+
+def _built(model: str, preset: str, plan: Plan, sizes: Sequence[int],
+           seed: int) -> tuple[PlannedModel, dict[int, tuple]]:
+    """The worker's executor of `plan` on CPU threads, and a batch of each size."""
+    planned = build_executor(model, preset=preset, seed=seed, plan=plan,
+                             devices=[torch.device("cpu")] * plan.num_devices,
+                             num_micro_batches=plan.num_micro_batches)
+    return planned, {b: planned.spec.make_batch(b) for b in sizes}
+
+
+def _timed_samples(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
+                   world: int, clock: Callable[[], float]) -> dict[float, list[StepParts]]:
+    """This worker's samples: its executor and gradient sync among `world` workers (the
+    process group is up when world > 1)."""
+    sync = gradient_sync(planned, plan, [torch.device("cpu")] * plan.num_devices, world)
+    # lr 0: the timing's updates cost what the worker's do and leave the weights
+    # (and so the arithmetic's values) as they were built.
+    optimizer = torch.optim.SGD(planned.spec.module.parameters(), lr=0.0, momentum=0.9)
+
+    def step(b: int) -> StepParts:
+        parts = _step(planned, sync, optimizer, data[b], b, clock)
+        if world > 1:
+            # The worker's one allreduce of the step's scalars after the update: the
+            # point where the workers of a trial wait for each other every step.
+            dist.all_reduce(torch.zeros(3, dtype=torch.float64))
+        return parts
+
+    def agree(stop: bool) -> bool:
+        if world == 1:
+            return stop
+        flag = torch.tensor([float(stop)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag[0] > 0)
+
+    return _rounds(step, sorted(data), clock, agree)
+
+
+def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Plan,
+                         data: Mapping[int, tuple], folder: Path) -> None:
+    """One of `world` forked workers (a copy of the driver's executor each); rank 0
+    writes its samples to `folder`."""
+    # Before any op: a forked process must not enter the parent's OpenMP pool.
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder / 'group'}", rank=rank,
+                            world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        samples = _timed_samples(planned, plan, data, world=world, clock=time.perf_counter)
+        # Every rank's gloo work is done before any rank tears its group down.
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        (folder / SAMPLES_FILE).write_text(json.dumps({str(b): s for b, s in samples.items()}))
+
+
+def _wait_all(procs: list) -> None:
+    """Wait for every worker; the first that fails ends the others (they would wait
+    for it at their next collective until GROUP_TIMEOUT_S) and raises."""
+    while any(p.is_alive() for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs):
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            break
+        time.sleep(POLL_S)
+    codes = [p.exitcode for p in procs]
+    if any(codes):
+        raise RuntimeError(f"the side-by-side step timing's workers exited with {codes} "
+                           "(their tracebacks are on stderr above)")
+
+
+def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
+                  dp_degree: int) -> dict[float, list[StepParts]]:
+    """Rank 0's samples of `dp_degree` workers timed side by side, each its own process
+    as in a trial. Forked from the driver, which has built the executor: fresh
+    interpreters import torch and capture the model again (measured with tiny BigLSTM's
+    mp 1 pair: 18-21 s spawned against 3.5 s forked, the rounds included). A forked worker touches none of the driver's Ray
+    state and leaves by os._exit (multiprocessing's), running none of its exit hooks."""
+    fork = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="side-by-side-") as name:
+        folder = Path(name)
+        procs = [fork.Process(target=_side_by_side_worker,
+                              args=(r, dp_degree, planned, plan, data, folder))
+                 for r in range(dp_degree)]
+        for p in procs:
+            p.start()
+        _wait_all(procs)
+        saved = json.loads((folder / SAMPLES_FILE).read_text())
+    return {float(b): [tuple(parts) for parts in s] for b, s in saved.items()}
 
 
 def time_plan(model: str, preset: str, plan: Plan, batches: Sequence[float], *,
-              seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> TimedStep:
-    """`plan`'s worker step at each of `batches` (samples per worker): one warm-up
-    step each, then rounds of one step at each batch in turn."""
+              dp_degree: int = 1, seed: int = 0,
+              clock: Callable[[], float] = time.perf_counter) -> TimedStep:
+    """`plan`'s worker step at each of `batches` (samples per worker) among `dp_degree`
+    workers: in this process alone (dp 1, on `clock`), else side by side in forked
+    processes (on their own perf_counter)."""
     sizes = sorted({int(b) for b in batches})
     assert sizes and all(b == int(b) and b % plan.num_micro_batches == 0 for b in batches), (
         batches, plan.num_micro_batches)
     with _one_thread():
-        planned = build_executor(model, preset=preset, seed=seed, plan=plan,
-                                 devices=[torch.device("cpu")] * plan.num_devices,
-                                 num_micro_batches=plan.num_micro_batches)
-        # lr 0: the timing's updates cost what the worker's do and leave the weights
-        # (and so the arithmetic's values) as they were built.
-        optimizer = torch.optim.SGD(planned.spec.module.parameters(), lr=0.0, momentum=0.9)
-        data = {b: planned.spec.make_batch(b) for b in sizes}
-        for b in sizes:
-            _step(planned, optimizer, data[b], b, clock)
-        samples: dict[float, list[tuple[float, float]]] = {b: [] for b in sizes}
-        started = clock()
-        for r in range(MAX_ROUNDS):
-            if r >= MIN_ROUNDS and clock() - started > BUDGET_S:
-                break
-            for b in sizes:
-                samples[b].append(_step(planned, optimizer, data[b], b, clock))
-    return timed_step(plan.num_devices, plan.num_micro_batches, samples)
+        planned, data = _built(model, preset, plan, sizes, seed)
+        samples = (_timed_samples(planned, plan, data, world=1, clock=clock) if dp_degree == 1
+                   else _side_by_side(planned, plan, data, dp_degree=dp_degree))
+    return timed_step(plan.num_devices, dp_degree, plan.num_micro_batches, samples)
 
 
 def time_worker_steps(model: str, preset: str, plans: Mapping[int, Plan],
-                      batches: Mapping[int, Sequence[float]], *,
+                      batches: Mapping[int, Sequence[float]], dp_degrees: Mapping[int, int], *,
                       seed: int = 0) -> dict[int, TimedStep]:
-    """The TimedStep of every mp_degree in `batches`, with its plan."""
-    return {m: time_plan(model, preset, plans[m], bs, seed=seed)
+    """The TimedStep of every mp_degree in `batches`, with its plan, among its
+    `dp_degrees[m]` workers."""
+    return {m: time_plan(model, preset, plans[m], bs, dp_degree=dp_degrees[m], seed=seed)
             for m, bs in sorted(batches.items())}
+

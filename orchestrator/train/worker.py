@@ -9,7 +9,6 @@ import statistics
 import signal
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +16,14 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator.runtime.devices import load_state, plan_devices, synchronize, tensor_owners
-from orchestrator.runtime.executor import OpPartition
+from orchestrator.runtime.devices import load_state, plan_devices, synchronize
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import Projection, WorkerJob
 from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock, device_timer
-from orchestrator.train.sync import DDPSync, GradientSync, collective_device
+from orchestrator.train.sync import collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
-from orchestrator.train.worker_executor import build_executor
+from orchestrator.train.worker_executor import build_executor, gradient_sync
 
 STATE_FILE = "state.pt"
 
@@ -51,16 +49,6 @@ def _node_name() -> str:
         return "local"
     return (f"{ray.util.get_node_ip_address()} "
             f"(Ray node {ray.get_runtime_context().get_node_id()[:12]})")
-
-
-def _params_by_device(part: OpPartition, assignment: Mapping[int, int],
-                      num_devices: int) -> list[list[torch.nn.Parameter]]:
-    """Each device's parameters (the bucket it allreduces), as `place_module` put them."""
-    owners = tensor_owners(part)
-    buckets: list[list[torch.nn.Parameter]] = [[] for _ in range(num_devices)]
-    for name, param in part.module.named_parameters():
-        buckets[assignment[owners[name]] if name in owners else 0].append(param)
-    return buckets
 
 
 def _maybe_fail(cfg: TrainConfig, step: int, rank: int, marker_dir: str | None) -> None:
@@ -136,16 +124,10 @@ class HybridWorker:
         planned = build_executor(cfg.model, preset=cfg.preset, seed=cfg.seed, plan=plan,
                                  devices=self.devices, num_micro_batches=cfg.num_micro_batches,
                                  mixed_precision=cfg.mixed_precision)
-        spec, op_part, self.executor = planned.spec, planned.op_partition, planned.executor
+        spec, self.executor = planned.spec, planned.executor
         self.model = spec.module
         self.backend = dist.get_backend() if self.world > 1 else "gloo"
-        if self.world > 1 and len(self.devices) == 1:
-            self.sync = DDPSync(op_part.module, self.devices[0])
-            self.executor.whole_module = self.sync.ddp
-        else:
-            self.sync = GradientSync(_params_by_device(op_part, plan.assignment,
-                                                       len(self.devices)),
-                                     self.devices, self.world)
+        self.sync = gradient_sync(planned, plan, self.devices, self.world)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=0.9)
         self.start, self.history = _restore(self.model, self.optimizer, job.resume_from)
         self.global_batch = cfg.global_batch or spec.batch

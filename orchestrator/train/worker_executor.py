@@ -1,18 +1,20 @@
-"""The executor a worker runs for its plan: the one construction that the Ray Train
-worker (worker.py) and the sweep's timing of each mp_degree before its trials
-(step_timing.py) share, so that what is timed is what trains."""
+"""The executor a worker runs for its plan, and how it averages its gradients with the
+other workers: the one construction that the Ray Train worker (worker.py) and the
+sweep's timing of each mp_degree before its trials (step_timing.py) share, so that what
+is timed is what trains."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from orchestrator.models import ModelSpec
 from orchestrator.profile import partition
-from orchestrator.runtime.devices import place_module
+from orchestrator.runtime.devices import place_module, tensor_owners
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
+from orchestrator.train.sync import DDPSync, GradientSync
 from placement.plan import Plan
 
 
@@ -38,3 +40,26 @@ def build_executor(model: str, *, preset: str, seed: int, plan: Plan,
                             batched=batched_inputs(spec.make_batch),
                             autocast_dtype=torch.bfloat16 if mixed_precision else None)
     return PlannedModel(spec=spec, op_partition=op_part, executor=executor)
+
+
+def _params_by_device(part: OpPartition, assignment: Mapping[int, int],
+                      num_devices: int) -> list[list[torch.nn.Parameter]]:
+    """Each device's parameters (the bucket it allreduces), as `place_module` put them."""
+    owners = tensor_owners(part)
+    buckets: list[list[torch.nn.Parameter]] = [[] for _ in range(num_devices)]
+    for name, param in part.module.named_parameters():
+        buckets[assignment[owners[name]] if name in owners else 0].append(param)
+    return buckets
+
+
+def gradient_sync(planned: PlannedModel, plan: Plan, devices: Sequence[torch.device],
+                  world: int) -> DDPSync | GradientSync:
+    """How `planned`'s gradients are averaged over `world` workers (torch.distributed's
+    group must be up when world > 1): DDP, whose allreduce overlaps the backward, for
+    a one-device worker among others; else one bucket per device (sync.py)."""
+    if world > 1 and len(devices) == 1:
+        sync = DDPSync(planned.op_partition.module, devices[0])
+        planned.executor.whole_module = sync.ddp
+        return sync
+    return GradientSync(_params_by_device(planned.op_partition, plan.assignment, len(devices)),
+                        list(devices), world)

@@ -46,8 +46,9 @@ def test_a_resumed_job_keeps_the_plans_and_timed_steps_its_sweep_was_ranked_with
                          requested=False)
     first = parse_args(["--storage", str(tmp_path), "--plan-time-limit", "1"], "biglstm")
     plans = plan_stage(first, capped(5, 5, 1.0), devices)
-    timed = TimedStep(mp_degree=2, num_micro_batches=plans[2].num_micro_batches,
-                      batches=(8.0, 16.0), compute_s=(0.01, 0.012), optimizer_s=0.001, rounds=3)
+    timed = TimedStep(mp_degree=2, dp_degree=1, num_micro_batches=plans[2].num_micro_batches,
+                      batches=(8.0, 16.0), compute_s=(0.01, 0.012), allreduce_s=(0.0, 0.0),
+                      optimizer_s=0.001, rounds=3)
     (tmp_path / TIMED_STEPS_FILE).write_text(json.dumps([timed.to_dict()]))
     resumed = dataclasses.replace(first, resume=True)
     # Another graph: planning it would give other plans; timing biglstm with these

@@ -1,7 +1,11 @@
-"""Timing a plan's worker step before the sweep: the worker's own executor, at every
-batch asked for, in alternating rounds, within its budget."""
+"""Timing a plan's worker step before the sweep: the worker's own executor and gradient
+sync, at every batch asked for, in alternating rounds, within its budget, with the dp
+workers side by side in processes of their own."""
 
 import itertools
+import multiprocessing
+import sys
+import time
 
 import pytest
 import torch
@@ -25,7 +29,7 @@ def test_a_plans_step_is_timed_at_every_batch_and_grows_with_it(biglstm_plan):
     threads = torch.get_num_threads()
     t = time_plan("biglstm", "tiny", biglstm_plan, [4, 64])
     assert torch.get_num_threads() == threads  # the worker's one thread is not left behind
-    assert (t.mp_degree, t.num_micro_batches, t.batches) == (2, 2, (4, 64))
+    assert (t.mp_degree, t.dp_degree, t.num_micro_batches, t.batches) == (2, 1, 2, (4, 64))
     assert MIN_ROUNDS <= t.rounds <= step_timing.MAX_ROUNDS
     # 16x the samples: a real step takes longer, whatever the host's load (the rounds
     # alternate, so a burst lands on both batches alike). Not by a set ratio: tiny
@@ -40,7 +44,29 @@ def test_the_rounds_stop_at_the_budget_and_the_parts_are_cut_like_the_workers():
     ticks = itertools.count(0.0, 10.0)
     t = time_plan(USER_MLP, "tiny", _one_device_plan(), [4, 8], clock=lambda: next(ticks))
     assert t.rounds == MIN_ROUNDS
-    assert t.compute_s == (10.0, 10.0) and t.optimizer_s == 10.0
+    assert t.compute_s == (10.0, 10.0) and t.allreduce_s == (10.0, 10.0)
+    assert t.optimizer_s == 10.0
+
+
+def test_two_workers_are_timed_side_by_side_their_allreduce_included(biglstm_plan):
+    # dp 2 of a two-device plan: each worker averages one bucket per device with the
+    # other process after its backward (GradientSync), a wait the worker alone never
+    # has (its sync is a no-op: a few clock reads). Tiny BigLSTM's 1.6 MB gradient
+    # takes about 2 ms over gloo between two processes here.
+    alone = time_plan("biglstm", "tiny", biglstm_plan, [4, 8])
+    pair = time_plan("biglstm", "tiny", biglstm_plan, [4, 8], dp_degree=2)
+    assert (pair.dp_degree, pair.batches) == (2, (4, 8))
+    assert MIN_ROUNDS <= pair.rounds <= step_timing.MAX_ROUNDS
+    assert max(alone.allreduce_s) < 1e-4
+    assert min(pair.allreduce_s) > 2e-4
+    assert min(pair.allreduce_s) > 10 * max(alone.allreduce_s)
+
+
+def test_a_one_device_worker_among_others_is_timed_with_ddp():
+    # DDP allreduces during the backward: its wait is in compute, and the step runs
+    # (a DDP without its process group could not be built at all).
+    t = time_plan(USER_MLP, "tiny", _one_device_plan(), [4, 8], dp_degree=2)
+    assert t.dp_degree == 2 and min(t.compute_s) > 0
 
 
 def test_a_batch_that_does_not_split_into_the_micro_batches_is_a_bug(biglstm_plan):
@@ -50,3 +76,15 @@ def test_a_batch_that_does_not_split_into_the_micro_batches_is_a_bug(biglstm_pla
 
 def _one_device_plan():
     return plan_worker(TrainConfig(model=USER_MLP, global_batch=8), time_limit_s=5)
+
+
+def test_a_side_by_side_worker_that_fails_ends_the_others_and_raises():
+    # The other worker would wait at its next collective until GROUP_TIMEOUT_S.
+    fork = multiprocessing.get_context("fork")
+    procs = [fork.Process(target=sys.exit, args=(3,)), fork.Process(target=time.sleep, args=(60,))]
+    started = time.monotonic()
+    for p in procs:
+        p.start()
+    with pytest.raises(RuntimeError, match=r"exited with \[3, -9\]"):
+        step_timing._wait_all(procs)
+    assert time.monotonic() - started < 10

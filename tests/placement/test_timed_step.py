@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 from placement.scaling.timed_step import TimedStep, timed_step
 
 
-def line(mp=2, batches=(8, 16, 64), compute=(0.020, 0.024, 0.040), optimizer=0.001):
-    return TimedStep(mp_degree=mp, num_micro_batches=4, batches=batches, compute_s=compute,
+def line(mp=2, batches=(8, 16, 64), compute=(0.020, 0.024, 0.040), optimizer=0.001,
+         allreduce=None):
+    return TimedStep(mp_degree=mp, dp_degree=2, num_micro_batches=4, batches=batches,
+                     compute_s=compute, allreduce_s=allreduce or (0.0,) * len(batches),
                      optimizer_s=optimizer, rounds=5)
 
 
@@ -26,26 +28,40 @@ def test_the_step_is_the_timed_median_where_timed_and_linear_between():
     assert TimedStep.from_dict(t.to_dict()) == t
 
 
+def test_the_step_adds_the_timed_allreduce_at_its_batch():
+    t = line(allreduce=(0.002, 0.004, 0.010))
+    assert t.allreduce_at(12) == pytest.approx(0.003)
+    assert t.step_s(40) == pytest.approx(0.032 + 0.007 + 0.001)
+    with pytest.raises(ValueError, match="outside the timed batches"):
+        t.allreduce_at(4)
+    assert TimedStep.from_dict(t.to_dict()) == t
+
+
 def test_bad_timings_are_refused():
     with pytest.raises(ValueError, match="must increase"):
         line(batches=(16, 8, 64))
     with pytest.raises(ValueError, match="one length"):
         line(compute=(0.02, 0.03))
+    with pytest.raises(ValueError, match="one length"):
+        line(allreduce=(0.001, 0.001))
     with pytest.raises(ValueError, match="must be > 0"):
         line(compute=(0.02, 0.0, 0.03))
+    with pytest.raises(ValueError, match=">= 0"):
+        line(allreduce=(0.001, -0.001, 0.001))
     with pytest.raises(ValueError, match="same number"):
-        timed_step(1, 1, {8: [(0.01, 0.001)], 16: []})
+        timed_step(1, 1, 1, {8: [(0.01, 0.0, 0.001)], 16: []})
 
 
 def test_medians_of_the_rounds_hand_computed():
     # Round 2 hit a neighbour's burst at both batches: the medians leave it out.
-    samples = {16: [(0.010, 0.001), (0.050, 0.009), (0.012, 0.002)],
-               8: [(0.008, 0.001), (0.030, 0.001), (0.009, 0.003)]}
-    t = timed_step(2, 4, samples)
+    samples = {16: [(0.010, 0.003, 0.001), (0.050, 0.020, 0.009), (0.012, 0.002, 0.002)],
+               8: [(0.008, 0.001, 0.001), (0.030, 0.010, 0.001), (0.009, 0.002, 0.003)]}
+    t = timed_step(2, 3, 4, samples)
     assert t.batches == (8, 16)
     assert t.compute_s == (0.009, 0.012)
+    assert t.allreduce_s == (0.002, 0.003)
     assert t.optimizer_s == 0.0015  # median of all six updates
-    assert t.rounds == 3 and t.mp_degree == 2 and t.num_micro_batches == 4
+    assert (t.rounds, t.mp_degree, t.dp_degree, t.num_micro_batches) == (3, 2, 3, 4)
 
 
 @settings(deadline=None, max_examples=50)
