@@ -248,6 +248,15 @@ def timed_status(t: TimedStep) -> str:
             f"timed step per worker batch: {steps} (medians of {t.rounds})")
 
 
+def saved_timed_steps(path: Path) -> dict[int, TimedStep] | None:
+    """The timed steps a job saved, by mp_degree; None if an older version wrote them
+    (before a dp > 1 step was timed side by side, they held no allreduce)."""
+    try:
+        return {t["mp_degree"]: TimedStep.from_dict(t) for t in json.loads(path.read_text())}
+    except (KeyError, TypeError):
+        return None
+
+
 def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[int, Plan],
                  devices: JobDevices, efficiency: StatisticalEfficiency,
                  rule: BatchRule) -> dict[int, TimedStep] | None:
@@ -259,8 +268,12 @@ def timing_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[i
     saved = args.storage / TIMED_STEPS_FILE
     if args.resume and saved.exists():
         # The sweep's candidates were ranked by these; the trials still to run keep them.
-        status("4/6 sweep", f"--resume: the sweep's timed steps, from {saved}")
-        return {t["mp_degree"]: TimedStep.from_dict(t) for t in json.loads(saved.read_text())}
+        kept = saved_timed_steps(saved)
+        if kept is not None:
+            status("4/6 sweep", f"--resume: the sweep's timed steps, from {saved}")
+            return kept
+        status("4/6 sweep", f"--resume: {saved} is of an older version (a dp > 1 step "
+                            "timed in one process), timing the steps again")
     from orchestrator.train.step_timing import time_worker_steps
 
     batches = scanned_worker_batches(step_models(graph, plans, devices.cluster, rule),

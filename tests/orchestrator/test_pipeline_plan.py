@@ -9,7 +9,7 @@ import json
 import pytest
 
 from orchestrator.pipeline import (TIMED_STEPS_FILE, parse_args, plan_candidates, plan_stage,
-                                   plan_status, timing_stage)
+                                   plan_status, saved_timed_steps, timing_stage)
 from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.resources import JobDevices
 from placement.scaling.timed_step import TimedStep
@@ -55,3 +55,15 @@ def test_a_resumed_job_keeps_the_plans_and_timed_steps_its_sweep_was_ranked_with
     # plans could not run at all.
     assert plan_stage(resumed, capped(6, 7, 1.0), devices) == plans
     assert timing_stage(resumed, None, None, plans, devices, None, None) == {2: timed}
+
+
+def test_timed_steps_an_older_version_saved_are_timed_again_not_a_key_error(tmp_path):
+    timed = TimedStep(mp_degree=1, dp_degree=2, num_micro_batches=1, batches=(4.0, 8.0),
+                      compute_s=(0.01, 0.012), allreduce_s=(0.002, 0.002),
+                      optimizer_s=0.001, rounds=3)
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps([timed.to_dict()]))
+    before = {k: v for k, v in timed.to_dict().items() if k not in ("dp_degree", "allreduce_s")}
+    old.write_text(json.dumps([before]))
+    assert saved_timed_steps(new) == {1: timed}
+    assert saved_timed_steps(old) is None
