@@ -11,6 +11,14 @@ inside [a, C - b] on k devices, and C >= a + work(S) / k + b for every a and b
 a = 0 gives total / k back; a chain gives the critical path back. The tasks of one
 placement group (an op's forward and backward over all micro-batches) share a device,
 so the same holds for them with k = 1.
+
+The heads and tails themselves see transfers (`join_heads_tails`): the inputs of a task
+v either run on v's device, one at a time before v, or arrive from another device after
+their transfer. Whichever inputs share v's device in a plan, v starts no earlier than
+the smaller of the two, so the least over all such choices is a head that every
+placement respects, and it exceeds the transfer-free one wherever two inputs of v are
+about as long as the transfer (a join on the critical path must serialize or pay).
+Outputs give tails the same way.
 """
 
 from __future__ import annotations
@@ -38,14 +46,73 @@ def heads_tails(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     return head, tail
 
 
+def join_heads_tails(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
+    """As `heads_tails`, but each head (tail) is the least start (time after the
+    finish) over which inputs (outputs) share the task's device; see the module
+    docstring. Tasks of the task's own group always share it; tasks of one other group
+    share a device with each other."""
+    head = np.zeros(tg.num_tasks)
+    after = np.zeros(tg.num_tasks)
+    order = tg.topological_order
+    for v in order:
+        head[v] = _join(v, tg.predecessors[v], head, tg)
+    for u in reversed(order):
+        after[u] = _join(u, tg.successors[u], after, tg)
+    return head, after + tg.duration_s
+
+
+def _join(v: int, neighbours, release: np.ndarray, tg: TaskGraph) -> float:
+    """The least bound on v's start over which of its `neighbours` (inputs, with
+    `release` their heads; or outputs, with `release` the time after them) run on v's
+    device. Sorting the other groups by how late they would make v wait from another
+    device, the best choice keeps a prefix of them on v's device (keeping more only
+    lengthens v's device's queue), so len(groups) + 1 choices cover every placement."""
+    if not neighbours:
+        return 0.0
+    cost: dict[int, float] = {}
+    for t, c in neighbours:
+        cost[t] = max(cost.get(t, 0.0), c)
+    mine = tg.group[v]
+    local = [t for t in cost if tg.group[t] == mine]
+    by_group: dict[int, list[int]] = {}
+    for t in cost:
+        if tg.group[t] != mine:
+            by_group.setdefault(int(tg.group[t]), []).append(t)
+    dur = tg.duration_s
+    remote = []
+    for ts in by_group.values():
+        arrive = max(release[t] + dur[t] + cost[t] for t in ts)
+        if len(ts) > 1:
+            arrive = max(arrive, _one_device(ts, release, dur) + min(cost[t] for t in ts))
+        remote.append((arrive, ts))
+    remote.sort(key=lambda x: -x[0])
+    best = np.inf
+    kept = list(local)
+    for arrive, ts in remote:
+        best = min(best, max(_one_device(kept, release, dur), arrive))
+        kept += ts
+    return float(min(best, _one_device(kept, release, dur)))
+
+
+def _one_device(tasks: list[int], release: np.ndarray, dur: np.ndarray) -> float:
+    """Earliest time one device can finish `tasks`, each no earlier than its release:
+    max over a of a + the work released at a or later (0 for no tasks)."""
+    if not tasks:
+        return 0.0
+    r = release[tasks]
+    by_release = np.argsort(-r, kind="stable")
+    return float((r[by_release] + np.cumsum(dur[tasks][by_release])).max())
+
+
 def window_bound(tg: TaskGraph, num_devices: int) -> float:
     """max over a, b of a + work(S(a, b)) / k + b (see the module docstring), and the
-    same for the tasks of each placement group alone on its one device."""
+    same for the tasks of each placement group alone on its one device; with the heads
+    and tails of `join_heads_tails`, whose longest head + task + tail is a bound too."""
     if tg.num_tasks == 0:
         return 0.0
-    head, tail = heads_tails(tg)
+    head, tail = join_heads_tails(tg)
     after = tail - tg.duration_s
-    best = _window(head, after, tg.duration_s, num_devices)
+    best = max(float((head + tail).max()), _window(head, after, tg.duration_s, num_devices))
     by_group = np.argsort(tg.group, kind="stable")
     starts = np.searchsorted(tg.group[by_group], np.arange(tg.num_groups + 1))
     for g in range(tg.num_groups):

@@ -1,5 +1,6 @@
 """The window bound on step time: never above the optimum, and above the analytic
-bound where the graph's work cannot all run in parallel."""
+bound where the graph's work cannot all run in parallel; its heads and tails, which see
+that joined inputs serialize or pay their transfer, never above a real schedule's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from placement.graph import Edge, Op, OpGraph
 from placement.simulate import list_schedule, step_time_lower_bound
-from placement.step_bound import step_time_bound, window_bound
+from placement.step_bound import heads_tails, join_heads_tails, step_time_bound, window_bound
 from tests.placement.milp_cases import problem, random_dag, search_step_time, training_dag
 from tests.placement.test_coarsen import chain
 
@@ -54,3 +55,44 @@ def test_a_group_on_its_one_device_raises_the_bound():
     assert step_time_lower_bound(tg, 2) == pytest.approx(6.0)
     assert window_bound(tg, 2) > 6.0 + 1e-9
     assert window_bound(tg, 2) <= search_step_time(tg, 2) + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), num_ops=st.integers(1, 25), k=st.integers(1, 4),
+       micro=st.integers(1, 3), colocate=st.booleans())
+def test_no_schedule_starts_a_task_before_its_head_or_ends_within_its_tail(
+        seed, num_ops, k, micro, colocate):
+    p = problem(random_dag(seed, num_ops, colocate=colocate), k, "makespan",
+                num_micro_batches=micro)
+    head, tail = join_heads_tails(p.tg)
+    group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
+    s = list_schedule(p.tg, group_device, k)
+    slack = 1e-9 * max(1.0, s.step_time_s)
+    assert (s.start_s >= head - slack).all()
+    assert (s.step_time_s - s.start_s >= tail - slack).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_join_bound_is_at_most_the_optimum_of_graphs_with_joins(seed):
+    # Dense random DAGs with backward tasks: every task with several inputs is a join.
+    p = problem(training_dag(seed, 3 + seed % 2, edge_prob=0.9), 2, "makespan")
+    assert window_bound(p.tg, 2) <= search_step_time(p.tg, 2) + 1e-9
+
+
+def test_a_join_that_must_serialize_or_pay_raises_the_bound_to_the_optimum():
+    # Two 5 s ops feeding a 1 s op over 3 s transfers, 2 devices. Transfer-free heads
+    # give the join a head of 5 and the old bound 6 (the critical path). Its inputs
+    # either share its device (one after the other: start >= 10) or one sends (start
+    # >= 8), so the optimum is 9 and the join's head 8 proves it.
+    graph = OpGraph(ops=(Op(id=0, name="a", forward_s={"any": 5.0}),
+                         Op(id=1, name="b", forward_s={"any": 5.0}),
+                         Op(id=2, name="join", forward_s={"any": 1.0})),
+                    edges=(Edge(src=0, dst=2, cost_s=3.0), Edge(src=1, dst=2, cost_s=3.0)))
+    tg = problem(graph, 2, "makespan").tg
+    plain_head, _ = heads_tails(tg)
+    head, _ = join_heads_tails(tg)
+    assert plain_head[2] == pytest.approx(5.0)
+    assert head[2] == pytest.approx(8.0)
+    assert step_time_lower_bound(tg, 2) == pytest.approx(6.0)
+    assert window_bound(tg, 2) == pytest.approx(9.0)
+    assert search_step_time(tg, 2) == pytest.approx(9.0)
