@@ -21,6 +21,9 @@ from placement.plan import Plan
 from placement.planner import PlanConfig, plan
 
 DEFAULT_SOLVER = "auto"
+#: Micro-batch counts a job tries on more than one device (and the profiler times a
+#: split step at: orchestrator/profile/costs.py measure_split_costs).
+MICRO_BATCH_COUNTS = (1, 2, 4)
 #: Least time worth handing a MILP solve; with less left, the heuristic plans alone.
 MIN_SOLVE_S = 1.0
 
@@ -28,7 +31,7 @@ MIN_SOLVE_S = 1.0
 def job_micro_batches(mp_degree: int) -> tuple[int, ...]:
     """Micro-batch counts a job tries: 1 on one device (nothing to pipeline), else 1, 2
     and 4."""
-    return (1,) if mp_degree == 1 else (1, 2, 4)
+    return (1,) if mp_degree == 1 else MICRO_BATCH_COUNTS
 
 
 def plan_mp_degrees(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[int], *,

@@ -22,6 +22,7 @@ from placement.cluster import (A100, H100, PRECISIONS, V100, DeviceKind,
                                preset as cluster_preset)
 from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
+from placement.policy import MICRO_BATCH_COUNTS
 
 #: --target values: the local CPU (measured) or a GPU kind (projected, or measured
 #: with --device cuda on a GPU of that kind).
@@ -154,8 +155,10 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                                  progress=bar.update)
                 for cost, (f, b) in zip(costs, times):
                     cost.forward_s, cost.backward_s = f, b
-                split = measure_split_costs(part, data, repeats=repeats, warmup=warmup,
-                                            progress=bar.update)
+                split = measure_split_costs(
+                    part, data, repeats=repeats, warmup=warmup,
+                    micro_batches=[k for k in MICRO_BATCH_COUNTS if batch % k == 0],
+                    batched=batched_inputs(spec.make_batch), progress=bar.update)
         memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, measured=measured, batch=batch,
                       target=target, precision=precision, extra_kinds=extra_kinds)
@@ -163,8 +166,11 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                     capture=captured.method, capture_seconds=round(captured.seconds, 3),
                     profile_seconds=round(time.perf_counter() - start, 3))
     if timed:
-        metadata["split_overhead"] = {measured: round(split.overhead, 4)}
-        metadata["corun_slowdown"] = {measured: round(split.corun_slowdown, 4)}
+        # Per micro-batch count (JSON keys are strings): placement/tasks.py ratio_at.
+        metadata["split_overhead"] = {measured: {str(k): round(r, 4)
+                                                 for k, r in split.overhead.items()}}
+        metadata["corun_slowdown"] = {measured: {str(k): round(r, 4)
+                                                 for k, r in split.corun_slowdown.items()}}
     if device == "cuda":
         metadata["gpu_times"] = (f"{measured} measured (CUDA events) on "
                                  f"{torch.cuda.get_device_name()}, others projected")
