@@ -46,6 +46,7 @@ def plan_mp_degrees(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[i
     jobs = [(m, k) for m in mp_degrees for k in micro_batches(m)]
     deadline = time.perf_counter() + time_limit_s
     best: dict[int, Plan] = {}
+    values: dict[int, dict[int, float]] = {m: {} for m in mp_degrees}
     for i, (m, k) in enumerate(jobs):
         share = (deadline - time.perf_counter()) / (len(jobs) - i)
         enough = share >= MIN_SOLVE_S
@@ -56,9 +57,19 @@ def plan_mp_degrees(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[i
         if not enough:
             p = _with_note(p, f"the planning budget of {time_limit_s:g} s was spent: "
                               f"{solver} did not run, the plan is the heuristic's")
+        values[m][k] = p.value
         if m not in best or p.value < best[m].value:
             best[m] = p
-    return best
+    return {m: _with_note(p, micro_batch_note(values[m], p.time_unit))
+            if len(values[m]) > 1 else p for m, p in best.items()}
+
+
+def micro_batch_note(values: dict[int, float], time_unit: str) -> str:
+    """The note on an mp_degree's plan that says what every micro-batch count tried
+    came to, so that the choice of K can be read (and checked against a measure)."""
+    scale, unit = (1e3, "ms") if time_unit == "s" else (1.0, time_unit)
+    return "value per micro-batch count: " + ", ".join(
+        f"K={k} {v * scale:.4g} {unit}" for k, v in sorted(values.items()))
 
 
 def plan_worker(graph: OpGraph, cluster: ClusterSpec, *, num_devices: int,
