@@ -5,8 +5,8 @@ made for each (mp_degree, K) by the planning policy (placement/policy.py), and e
 plan's executor (built as the worker builds it) timed in-process at that batch, one
 intra-op thread per device, as the job's timing stage times it.
 
-The executors alternate step by step (one untimed step each first): this host's
-speed drifts within seconds, and adjacent steps see the same machine. A trial is one
+The executors alternate in short runs (one untimed step, then 3 timed, each): this
+host's speed drifts within seconds, and adjacent runs see the same machine. A trial is one
 profile, its plans and their timing; the prediction error of a cell is the median
 over the trials of (predicted - timed) / timed. On a loaded host the whole profile
 can sit above or below the timing taken a minute later (every cell of a trial off by
@@ -49,9 +49,11 @@ def plans_of(model: str, batch: int, solver: str, time_limit_s: float) -> dict:
 
 
 def timed_steps(model: str, plans: dict[tuple[int, int], Plan], batch: int,
-                rounds: int) -> dict[tuple[int, int], float]:
+                rounds: int, steps: int = 3) -> dict[tuple[int, int], float]:
     """Median compute (zero_grad + the executor's forward and backward) of each plan at
-    `batch`, the plans' steps alternating within each round."""
+    `batch`: in each round, each plan in turn runs one untimed step and `steps` timed
+    ones (a step right after another executor's runs slower than one in a run of its
+    own kind, which is what the job's timing and training run)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -68,12 +70,11 @@ def timed_steps(model: str, plans: dict[tuple[int, int], Plan], batch: int,
             built[cell].executor.step(data[cell], batch)
             return time.perf_counter() - started
 
-        for cell in built:
-            step(cell)
         samples: dict[tuple[int, int], list[float]] = {cell: [] for cell in built}
         for _ in range(rounds):
             for cell in built:
-                samples[cell].append(step(cell))
+                step(cell)
+                samples[cell].extend(step(cell) for _ in range(steps))
     finally:
         torch.set_num_threads(before)
     return {cell: statistics.median(s) for cell, s in samples.items()}
@@ -121,8 +122,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch", type=int, default=8,
                         help="worker batch profiled, planned and timed (the demo's: 8)")
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=15,
-                        help="timed steps of each plan, alternating")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="runs of 1 + 3 steps of each plan, alternating")
     parser.add_argument("--solver", default="heuristic",
                         help="the policy's solver (the job's is auto: HiGHS, CBC, GLPK)")
     parser.add_argument("--time-limit", type=float, default=5.0, dest="time_limit",
