@@ -4,7 +4,7 @@ import importlib
 import sys
 
 AREAS = ("baselines", "profile", "layerwise", "crossover", "runtime", "milp", "max_load",
-         "user_models", "executor_overhead")
+         "user_models", "executor_overhead", "planner_step")
 
 
 def main(argv: list[str]) -> int:

@@ -27,7 +27,8 @@ from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inp
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.cluster import ray_cluster
 from orchestrator.train.job import WorkerJob
-from orchestrator.train.planning import plan_worker, profile_micro_batch
+from orchestrator.train.planning import plan_worker, profile_worker_batch
+from placement.tasks import ratio_at
 
 
 def step_s(executor: PlanExecutor, spec, batch: tuple, batch_size: int) -> float:
@@ -53,17 +54,14 @@ def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list
     torch.set_num_threads(1)
     part, spec = partition(model)
     batch = spec.make_batch(batch_size)
-    # mp1 and the mp2 plan with K = 1 share one profile: profiles taken a few seconds
-    # apart differ by up to 20% here, which would swamp the prediction. K > 1 needs a
-    # profile of its micro-batch, so its prediction carries that noise. K = 1's is
-    # taken last, nearest the measurement: step times moved by up to 15% within the
-    # minute that profiling every K takes.
+    # mp1 and the mp2 plans share one profile at the worker batch, which measures the
+    # split overhead at every K: profiles taken a few seconds apart differ by up to 20%
+    # here, which would swamp the prediction.
     configs = {k: TrainConfig(model=model, global_batch=batch_size, mp_degree=2,
                               num_micro_batches=k) for k in MICRO_BATCHES}
-    graphs = {k: profile_micro_batch(configs[k]) for k in sorted(MICRO_BATCHES, reverse=True)}
-    plans = {"mp1": plan_worker(dataclasses.replace(configs[1], mp_degree=1),
-                                micro=graphs[1])}
-    plans.update((k, plan_worker(c, micro=graphs[k])) for k, c in configs.items())
+    graph = profile_worker_batch(configs[1])
+    plans = {"mp1": plan_worker(dataclasses.replace(configs[1], mp_degree=1), graph=graph)}
+    plans.update((k, plan_worker(c, graph=graph)) for k, c in configs.items())
     executors = {name: PlanExecutor(
         OpPartition(part.module, {o.id: o.nodes for o in part.ops}), p.assignment, p.order,
         [torch.device("cpu")] * p.num_devices, num_micro_batches=p.num_micro_batches,
@@ -85,8 +83,8 @@ def mp_speedup(model: str, batch_size: int, rounds: int, steps: int = 3) -> list
                      "predicted_mp2_s": plans[k].step_time,
                      "measured": measured, "predicted": predicted,
                      "error": (predicted - measured) / measured,
-                     "split_overhead": graphs[k].metadata["split_overhead"]["cpu"],
-                     "corun_slowdown": graphs[k].metadata["corun_slowdown"]["cpu"]})
+                     "split_overhead": ratio_at(graph.metadata["split_overhead"]["cpu"], k),
+                     "corun_slowdown": ratio_at(graph.metadata["corun_slowdown"]["cpu"], k)})
     return rows
 
 

@@ -97,7 +97,8 @@ def plan_status(mp_degree: int, p: Plan) -> str:
             f"value {p.value * 1e3:.1f} ms, bound {p.lower_bound * 1e3:.1f} ms, "
             f"gap {p.gap:.1%}")
     why = [n for n in p.notes if n.startswith("warning") or "found no plan" in n
-           or "budget" in n or "too large" in n or "analytic bound" in n]
+           or "budget" in n or "too large" in n or "analytic bound" in n
+           or n.startswith("value per micro-batch count")]
     return line + "".join(f"; {n}" for n in why)
 
 

@@ -21,6 +21,9 @@ from placement.plan import Plan
 from placement.planner import PlanConfig, plan
 
 DEFAULT_SOLVER = "auto"
+#: Micro-batch counts a job tries on more than one device (and the profiler times a
+#: split step at: orchestrator/profile/costs.py measure_split_costs).
+MICRO_BATCH_COUNTS = (1, 2, 4)
 #: Least time worth handing a MILP solve; with less left, the heuristic plans alone.
 MIN_SOLVE_S = 1.0
 
@@ -28,7 +31,7 @@ MIN_SOLVE_S = 1.0
 def job_micro_batches(mp_degree: int) -> tuple[int, ...]:
     """Micro-batch counts a job tries: 1 on one device (nothing to pipeline), else 1, 2
     and 4."""
-    return (1,) if mp_degree == 1 else (1, 2, 4)
+    return (1,) if mp_degree == 1 else MICRO_BATCH_COUNTS
 
 
 def plan_mp_degrees(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[int], *,
@@ -43,6 +46,7 @@ def plan_mp_degrees(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[i
     jobs = [(m, k) for m in mp_degrees for k in micro_batches(m)]
     deadline = time.perf_counter() + time_limit_s
     best: dict[int, Plan] = {}
+    values: dict[int, dict[int, float]] = {m: {} for m in mp_degrees}
     for i, (m, k) in enumerate(jobs):
         share = (deadline - time.perf_counter()) / (len(jobs) - i)
         enough = share >= MIN_SOLVE_S
@@ -53,9 +57,19 @@ def plan_mp_degrees(graph: OpGraph, cluster: ClusterSpec, mp_degrees: Sequence[i
         if not enough:
             p = _with_note(p, f"the planning budget of {time_limit_s:g} s was spent: "
                               f"{solver} did not run, the plan is the heuristic's")
+        values[m][k] = p.value
         if m not in best or p.value < best[m].value:
             best[m] = p
-    return best
+    return {m: _with_note(p, micro_batch_note(values[m], p.time_unit))
+            if len(values[m]) > 1 else p for m, p in best.items()}
+
+
+def micro_batch_note(values: dict[int, float], time_unit: str) -> str:
+    """The note on an mp_degree's plan that says what every micro-batch count tried
+    came to, so that the choice of K can be read (and checked against a measure)."""
+    scale, unit = (1e3, "ms") if time_unit == "s" else (1.0, time_unit)
+    return "value per micro-batch count: " + ", ".join(
+        f"K={k} {v * scale:.4g} {unit}" for k, v in sorted(values.items()))
 
 
 def plan_worker(graph: OpGraph, cluster: ClusterSpec, *, num_devices: int,

@@ -110,8 +110,10 @@ def make_problem(graph: OpGraph, cluster: ClusterSpec, config: PlanConfig) -> Pr
     kind = cluster.device.name
     tg = build_tasks(graph, link=cluster.intra_node, device_kind=kind,
                      num_micro_batches=config.num_micro_batches, training=config.training,
-                     time_factor=split_overhead(graph, kind, config.num_devices),
-                     corun_slowdown=corun_slowdown(graph, kind, config.num_devices))
+                     time_factor=split_overhead(graph, kind, config.num_devices,
+                                                config.num_micro_batches),
+                     corun_slowdown=corun_slowdown(graph, kind, config.num_devices,
+                                                   config.num_micro_batches))
     cap = (config.device_memory_bytes or graph.metadata.get("device_memory_bytes")
            or cluster.device.memory_bytes)
     group_memory = memory_bytes(tg, np.arange(tg.num_groups), tg.num_groups,

@@ -5,7 +5,10 @@ carry backward times is unrolled here: each op u gets a backward task u' on u's 
 every edge u->v gets a gradient edge v'->u' of the same size, and u -> u' (u' needs
 u's saved activations). A graph whose backward ops are explicit (the peer format) is
 taken as it is. With K micro-batches every task is repeated K times at 1/K of its time
-and every transfer at 1/K of its bytes (work is taken as linear in the batch).
+and every transfer at 1/K of its bytes (work is taken as linear in the batch); what
+small micro-batches cost beyond that on a split plan (fixed costs per task, kernels on
+smaller tensors) is the profiler's measured split overhead at that K (`split_overhead`),
+which multiplies every task's time, so the simulator and the MILP both see it.
 
 Placement is decided per *group*: the ops of one colocation group, and every task of
 those ops, must share a device.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -136,24 +140,54 @@ def _placement_groups(graph: OpGraph) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(ops) for ops in groups.values())
 
 
-def split_overhead(graph: OpGraph, device_kind: str, num_devices: int) -> float:
+def ratio_at(measured: float | Mapping[str, float], num_micro_batches: int) -> float:
+    """A profiled ratio at `num_micro_batches` K, from its value per measured K (a
+    mapping of K, as a string, to the ratio) or one value for every K (a graph
+    profiled before the ratios were measured per K).
+
+    Between measured counts, and past the largest, the ratio is the line through its
+    neighbours: a split step with K micro-batches of a batch B costs K * alpha + beta * B
+    (alpha: the fixed cost of one micro-batch's tasks), affine in K. Below the smallest
+    measured K the smallest's value holds; never below 1."""
+    if not isinstance(measured, Mapping):
+        return float(measured)
+    points = sorted((int(k), float(v)) for k, v in measured.items())
+    ks = [k for k, _ in points]
+    values = [v for _, v in points]
+    k = num_micro_batches
+    if len(points) == 1 or k <= ks[0]:
+        return values[0]
+    if k <= ks[-1]:
+        return float(np.interp(k, ks, values))
+    slope = (values[-1] - values[-2]) / (ks[-1] - ks[-2])
+    return max(1.0, values[-1] + slope * (k - ks[-1]))
+
+
+def split_overhead(graph: OpGraph, device_kind: str, num_devices: int,
+                   num_micro_batches: int = 1) -> float:
     """What each task's time is multiplied by when a worker's ops run on `num_devices`
-    devices: the executor runs a one-device plan as plain forward and backward calls of
-    the whole module (the times the profiler measured), and a split plan as one
-    autograd call per op and micro-batch, whose fixed costs the profiler measures as a
-    ratio (`metadata["split_overhead"][kind]`; 1 where it was not measured)."""
+    devices with `num_micro_batches` micro-batches: the executor runs a one-device
+    plan as plain forward and backward calls of the whole module (the times the
+    profiler measured), and a split plan as one autograd call per op and micro-batch,
+    whose fixed costs grow with the micro-batch count; the profiler measures them as a
+    ratio per count (`metadata["split_overhead"][kind]`, see `ratio_at`; 1 where it
+    was not measured)."""
     if num_devices <= 1:
         return 1.0
-    return float(graph.metadata.get("split_overhead", {}).get(device_kind, 1.0))
+    measured = graph.metadata.get("split_overhead", {}).get(device_kind)
+    return 1.0 if measured is None else ratio_at(measured, num_micro_batches)
 
 
-def corun_slowdown(graph: OpGraph, device_kind: str, num_devices: int) -> float:
+def corun_slowdown(graph: OpGraph, device_kind: str, num_devices: int,
+                   num_micro_batches: int = 1) -> float:
     """How much slower a task of a split plan runs while another device's task runs:
-    the profiler's measured ratio (`metadata["corun_slowdown"][kind]`) for devices that
-    share one host, such as CPU threads; 1 where it was not measured (GPUs)."""
+    the profiler's measured ratio at `num_micro_batches`
+    (`metadata["corun_slowdown"][kind]`, see `ratio_at`) for devices that share one
+    host, such as CPU threads; 1 where it was not measured (GPUs)."""
     if num_devices <= 1:
         return 1.0
-    return float(graph.metadata.get("corun_slowdown", {}).get(device_kind, 1.0))
+    measured = graph.metadata.get("corun_slowdown", {}).get(device_kind)
+    return 1.0 if measured is None else max(1.0, ratio_at(measured, num_micro_batches))
 
 
 def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,

@@ -15,6 +15,15 @@ from placement.io import save_graph
 CAPTURE_NAMES = {"fx": "torch.fx", "export": "torch.export"}
 
 
+def per_micro_batches(ratios) -> str:
+    """A profiled ratio for the summary: 'x1.10 at K=1, x1.80 at K=4' per micro-batch
+    count, or one 'x1.10' (a graph profiled before the ratios were per count)."""
+    if not isinstance(ratios, dict):
+        return f"x{ratios:.2f}"
+    return ", ".join(f"x{r:.2f} at K={k}" for k, r in sorted(ratios.items(),
+                                                              key=lambda kv: int(kv[0])))
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="trace and cost a model into an op graph",
                        description=__doc__)
@@ -79,10 +88,11 @@ def summary(graph: OpGraph, target: str) -> str:
         f"  FLOPs per step {flops:.4g} (forward {md['forward_flops']:.4g})",
         f"  predicted single-device step time on {target}: {step_s * 1e3:.4g} ms "
         f"({source}), {md['batch'] / step_s:,.1f} samples/s",
-        *([f"  split plans: x{md['split_overhead'][target]:.2f} per task (one autograd call "
-           "per op, measured)"] if target in md.get("split_overhead", {}) else []),
-        *([f"  devices side by side: x{md['corun_slowdown'][target]:.2f} while two run at "
-           "once (threads of one host, measured)"]
+        *([f"  split plans: {per_micro_batches(md['split_overhead'][target])} per task "
+           "(one autograd call per op and micro-batch, measured)"]
+          if target in md.get("split_overhead", {}) else []),
+        *([f"  devices side by side: {per_micro_batches(md['corun_slowdown'][target])} "
+           "while two run at once (threads of one host, measured)"]
           if target in md.get("corun_slowdown", {}) else []),
         f"  profiled in {md['profile_seconds']:.1f} s",
     ])

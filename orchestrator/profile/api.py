@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ from placement.cluster import (A100, H100, PRECISIONS, V100, DeviceKind,
                                preset as cluster_preset)
 from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
+from placement.policy import MICRO_BATCH_COUNTS
 
 #: --target values: the local CPU (measured) or a GPU kind (projected, or measured
 #: with --device cuda on a GPU of that kind).
@@ -183,8 +185,10 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
         timed = measured is not None
         eff = efficiency or Efficiency()
         with _generic_cpu_kernels() if tensor_device != device else nullcontext():
-            env, costs, split = _costs(part, data, timed=timed, repeats=repeats,
-                                       warmup=warmup, progress=progress, name=spec.name)
+            env, costs, split = _costs(
+                part, data, timed=timed, repeats=repeats, warmup=warmup, progress=progress,
+                name=spec.name, batched=batched_inputs(spec.make_batch),
+                micro_batches=[k for k in MICRO_BATCH_COUNTS if batch % k == 0])
             memory = step_peak_bytes(part.module, data)
     graph = _op_graph(part, spec, env, costs, eff, measured=measured, batch=batch,
                       target=target, precision=precision, extra_kinds=extra_kinds)
@@ -192,8 +196,11 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
                     capture=captured.method, capture_seconds=round(captured.seconds, 3),
                     profile_seconds=round(time.perf_counter() - start, 3))
     if timed:
-        metadata["split_overhead"] = {measured: round(split.overhead, 4)}
-        metadata["corun_slowdown"] = {measured: round(split.corun_slowdown, 4)}
+        # Per micro-batch count (JSON keys are strings): placement/tasks.py ratio_at.
+        metadata["split_overhead"] = {measured: {str(k): round(r, 4)
+                                                 for k, r in split.overhead.items()}}
+        metadata["corun_slowdown"] = {measured: {str(k): round(r, 4)
+                                                 for k, r in split.corun_slowdown.items()}}
     if device == "cuda":
         metadata["gpu_times"] = (f"{measured} measured (CUDA events) on "
                                  f"{torch.cuda.get_device_name()}, others projected")
@@ -201,10 +208,10 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
 
 
 def _costs(part: Partition, data, *, timed: bool, repeats: int, warmup: int,
-           progress: bool, name: str):
+           progress: bool, name: str, batched: Sequence[bool], micro_batches: list[int]):
     """The reference values of a step, each op's kernels (ops of one signature measured
     once) and, when `timed`, each op's forward and backward seconds and the split
-    step's costs."""
+    step's costs at each of `micro_batches` (micro-batch counts)."""
     env = reference_env(part, data)
     steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
     split = None
@@ -223,6 +230,7 @@ def _costs(part: Partition, data, *, timed: bool, repeats: int, warmup: int,
             for cost, (f, b) in zip(costs, times):
                 cost.forward_s, cost.backward_s = f, b
             split = measure_split_costs(part, data, repeats=repeats, warmup=warmup,
+                                        micro_batches=micro_batches, batched=batched,
                                         progress=bar.update)
     return env, costs, split
 

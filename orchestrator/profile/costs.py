@@ -10,8 +10,8 @@
   for the backward (activations), counted once per storage across the graph,
   parameters excluded.
 - `measure_split_costs`: how much slower a step runs when each op is its own
-  executor task, and how much slower again while another device thread of this host
-  works too.
+  executor task and the batch runs in K micro-batches, and how much slower again
+  while another device thread of this host works too.
 - `step_peak_bytes`: the peak of live memory over one whole training step.
 
 Everything but the timing runs on the meta device as well: FLOPs, bytes and memory are
@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,34 +300,43 @@ def time_ops(part: Partition, batch: tuple[torch.Tensor, ...], *, repeats: int,
 
 @dataclass(frozen=True)
 class SplitCosts:
-    overhead: float
-    """Step time with every op its own executor task, over the plain step's."""
-    corun_slowdown: float
-    """The split step's time while another device thread runs one, over its time alone."""
+    overhead: dict[int, float]
+    """Per micro-batch count K: the step with every op its own executor task and the
+    batch in K micro-batches, over the plain step's time."""
+    corun_slowdown: dict[int, float]
+    """Per K: that split step's time while another device thread runs one, over its
+    time alone."""
 
 
 def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
-                        repeats: int, warmup: int,
+                        repeats: int, warmup: int, micro_batches: Sequence[int] = (1,),
+                        batched: Sequence[bool] | None = None,
                         progress: Callable[[], None] | None = None) -> SplitCosts:
-    """What a plan split over device threads pays that the op times do not show.
+    """What a plan split over device threads pays that the op times do not show, for
+    each micro-batch count K in `micro_batches` (each must divide the batch; `batched`
+    as PlanExecutor's: which inputs carry the samples).
 
     - Overhead: a split plan runs each op's forward and backward as separate tasks
       (detached inputs, one `torch.autograd.backward` per op: see
-      `orchestrator.runtime.executor`), which costs fixed time per task that the plain
-      step does not pay. Measured with every task on one device, so that no task
-      waits for another device (`placement.tasks.split_overhead`); at least 1, as the
-      split step runs the plain step's kernels and more (medians of 0.95 and 0.99
-      came out on this noisy host, in trials whose predictions were 14% and 27%
-      optimistic).
+      `orchestrator.runtime.executor`), once per micro-batch, which costs fixed time
+      per task that the plain step does not pay, and K micro-batches of B/K samples
+      run each kernel K times on smaller tensors. Both grow with K, not with the op's
+      time: tiny BigLSTM at 8 samples took 1.6, 2.6 and 5.3x the plain step split at
+      K = 1, 2 and 4, where one factor measured at K = 1 and spread over K tasks of
+      1/K each had its K = 4 plans predicted at a fifth of their timed step. Measured
+      with every task on one device, so that no task waits for another device
+      (`placement.tasks.split_overhead`); at least 1, as the split step runs the plain
+      step's kernels and more (medians of 0.95 and 0.99 came out on this noisy host,
+      in trials whose predictions were 14% and 27% optimistic).
     - Co-run slowdown: device threads of one host share its caches, its memory
       bandwidth and the interpreter lock, so their tasks run slower while another
       device works (measured on the tiny BigLSTM: 4-8% longer tasks). Measured as the
-      split step's time while a copy of the model runs split steps on threads of its
-      own without a pause (`placement.tasks.corun_slowdown`); at least 1, as a
-      neighbour cannot speed a task up.
+      split step's time while a copy of the model runs split steps of the same K on
+      threads of its own without a pause (`placement.tasks.corun_slowdown`); at least
+      1, as a neighbour cannot speed a task up.
 
-    Each repetition runs a pair of plain steps, a pair of split steps and a pair of
-    split steps beside the neighbour, so that all three see the same load; only the
+    Each repetition runs a pair of plain steps, then per K a pair of split steps and a
+    pair of split steps beside the neighbour, so that all see the same load; only the
     second step of each pair is timed, as a step that follows one of another kind runs
     slower (other threads' memory and caches) than one in a run of its own kind, which
     is what training does. Each figure is the median of at least 10 paired ratios:
@@ -338,16 +347,16 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
     are separate chips, which share no cores or caches, so the co-run slowdown is 1."""
     device = module_device(part.module)
     clock = StepClock(device)
-    executor = _split_executor(part, part.module, device)
-    twin_module = copy.deepcopy(part.module) if not clock.cuda else None
-    twin = _split_executor(part, twin_module, device) if twin_module is not None else None
     size = batch[0].shape[0] if batch and batch[0].dim() else 1
+    assert micro_batches and all(size % k == 0 for k in micro_batches), (size, micro_batches)
+    executors = {k: _split_executor(part, part.module, device, k, batched)
+                 for k in micro_batches}
+    twin_module = copy.deepcopy(part.module) if not clock.cuda else None
+    twins = ({k: _split_executor(part, twin_module, device, k, batched)
+              for k in micro_batches} if twin_module is not None else None)
 
     def plain_step() -> None:
         part.module(*batch).backward()
-
-    def split_step() -> None:
-        executor.step(batch, size)
 
     def timed_pair(run: Callable[[], None]) -> float:
         """Seconds of the second of two steps of `run`."""
@@ -361,47 +370,53 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
         part.module.zero_grad(set_to_none=True)
         return clock.seconds(t0, t1)
 
-    def beside_neighbour() -> float:
+    def beside_neighbour(k: int) -> float:
         running, stop = threading.Event(), threading.Event()
 
         def neighbour() -> None:
             while not stop.is_set():
-                twin.step(batch, size)
+                twins[k].step(batch, size)
                 twin_module.zero_grad(set_to_none=True)
                 running.set()
 
         thread = threading.Thread(target=neighbour, daemon=True)
         thread.start()
         running.wait()
-        elapsed = timed_pair(split_step)
+        elapsed = timed_pair(lambda: executors[k].step(batch, size))
         stop.set()
         thread.join()
         return elapsed
 
-    overheads: list[float] = []
-    slowdowns: list[float] = []
+    overheads: dict[int, list[float]] = {k: [] for k in micro_batches}
+    slowdowns: dict[int, list[float]] = {k: [] for k in micro_batches}
     for rep in range(warmup + max(repeats, 10)):
-        plain, split = timed_pair(plain_step), timed_pair(split_step)
-        beside = beside_neighbour() if twin is not None else split
-        if rep >= warmup:
-            overheads.append(split / plain)
-            slowdowns.append(beside / split)
+        plain = timed_pair(plain_step)
+        for k in micro_batches:
+            split = timed_pair(lambda k=k: executors[k].step(batch, size))
+            beside = beside_neighbour(k) if twins is not None else split
+            if rep >= warmup:
+                overheads[k].append(split / plain)
+                slowdowns[k].append(beside / split)
         if progress is not None:
             progress()
-    return SplitCosts(overhead=max(1.0, statistics.median(overheads)),
-                      corun_slowdown=max(1.0, statistics.median(slowdowns)))
+    return SplitCosts(
+        overhead={k: max(1.0, statistics.median(v)) for k, v in overheads.items()},
+        corun_slowdown={k: max(1.0, statistics.median(v)) for k, v in slowdowns.items()})
 
 
-def _split_executor(part: Partition, module: torch.nn.Module, device: torch.device):
+def _split_executor(part: Partition, module: torch.nn.Module, device: torch.device,
+                    num_micro_batches: int, batched: Sequence[bool] | None):
     """An executor running `module` (the partition's module or a copy) with every op
-    its own task on `device`; a second, idle device makes it take its split path."""
+    its own task on `device`, each micro-batch's forwards then its backwards; a second,
+    idle device makes it take its split path."""
     from orchestrator.runtime.executor import OpPartition, PlanExecutor
 
-    forward = [(op.id, "forward", 0) for op in part.ops]
-    backward = [(op.id, "backward", 0) for op in reversed(part.ops)]
+    order = [(op.id, phase, m) for m in range(num_micro_batches)
+             for phase, ops in (("forward", part.ops), ("backward", part.ops[::-1]))
+             for op in ops]
     return PlanExecutor(OpPartition(module, {op.id: op.nodes for op in part.ops}),
-                        {op.id: 0 for op in part.ops}, [forward + backward, []],
-                        [device] * 2, num_micro_batches=1)
+                        {op.id: 0 for op in part.ops}, [order, []],
+                        [device] * 2, num_micro_batches=num_micro_batches, batched=batched)
 
 
 def _scale(clean_s: float, shares: list[float]) -> float:

@@ -1,5 +1,5 @@
-"""Planning one worker of a training run: its micro-batch profiled on this machine,
-its ops placed on its mp_degree devices."""
+"""Planning one worker of a training run: its share of the batch profiled on this
+machine, its ops placed on its mp_degree devices."""
 
 from __future__ import annotations
 
@@ -11,53 +11,51 @@ from placement.cluster import ClusterSpec, preset
 from placement.graph import OpGraph
 from placement.plan import Plan
 from placement.policy import DEFAULT_SOLVER
-from placement.scaling.step import scale_graph
 
 #: Seconds `plan_worker`'s MILP may take (one plan: `orchestrator train` without --plan).
 PLAN_TIME_LIMIT_S = 20.0
 
 
-def micro_batch_size(cfg: TrainConfig) -> int:
-    """Samples in one micro-batch of a worker's share of the global batch."""
+def worker_batch_size(cfg: TrainConfig) -> int:
+    """Samples in one worker's share of the global batch."""
     from orchestrator.models import build
 
     global_batch = cfg.global_batch or build(cfg.model, cfg.preset, device="meta").batch
-    return max(1, global_batch // cfg.dp_degree // cfg.num_micro_batches)
+    return max(1, global_batch // cfg.dp_degree)
 
 
-def profile_micro_batch(cfg: TrainConfig, **options) -> OpGraph:
-    """The model's graph profiled on this machine at one micro-batch of a worker's share
-    of the batch (`options`: more of profile_model's, e.g. `device="meta"`).
+def profile_worker_batch(cfg: TrainConfig, **options) -> OpGraph:
+    """The model's graph profiled on this machine at a worker's share of the batch
+    (`options`: more of profile_model's, e.g. `device="meta"`).
 
-    Profiling at the micro-batch, not at the worker's batch divided by K, keeps what a
-    small batch costs per sample (fixed per-op overheads, less efficient kernels) in
-    the plan's prediction."""
+    At the batch the worker runs, the profiler's split overhead at each micro-batch
+    count (placement/tasks.py split_overhead) says what K micro-batches of it cost
+    beyond the op times (fixed costs per task, kernels on smaller tensors), measured
+    in one profile for every K, so that the plans of different K are compared on the
+    same measurement."""
     from orchestrator.profile import profile_model
 
     return profile_model(cfg.model, preset=cfg.preset, target="cpu",
-                         batch=micro_batch_size(cfg), granularity=cfg.granularity, **options)
+                         batch=worker_batch_size(cfg), granularity=cfg.granularity, **options)
 
 
 def plan_worker(cfg: TrainConfig, *, solver: str = DEFAULT_SOLVER,
                 time_limit_s: float = PLAN_TIME_LIMIT_S,
-                micro: OpGraph | None = None, cluster: ClusterSpec | None = None,
+                graph: OpGraph | None = None, cluster: ClusterSpec | None = None,
                 objective: str = "makespan") -> Plan:
     """Place the worker's ops on its devices by the planning policy within
-    `time_limit_s`, for `objective` (as `orchestrator plan --objective`), from `micro`, the graph of one micro-batch (profiled now on this
-    machine's CPU when not given), on `cluster`'s devices (default: this machine's
-    threads, the devices of CPU hosts and fake-GPU clusters, whose measured CPU costs
-    are then the right ones; a GPU run passes its GPUs' preset and a GPU profile:
+    `time_limit_s`, for `objective` (as `orchestrator plan --objective`), from `graph`,
+    the model profiled at the worker's batch (profiled now on this machine's CPU when
+    not given), on `cluster`'s devices (default: this machine's threads, the devices
+    of CPU hosts and fake-GPU clusters, whose measured CPU costs are then the right
+    ones; a GPU run passes its GPUs' preset and a GPU profile:
     orchestrator/train/resources.py plan_on_gpus)."""
-    k = cfg.num_micro_batches
-    if micro is None:
-        micro = profile_micro_batch(cfg)
-    # The planner splits each op's time over K micro-batch tasks; hand it K x the
-    # micro-batch's times so that each task costs what was measured.
-    graph = scale_graph(micro, compute_factor=k, data_factor=k)
+    if graph is None:
+        graph = profile_worker_batch(cfg)
     if cluster is None:
         cpu = preset("cpu")
         cluster = dataclasses.replace(cpu, devices_per_node=max(cfg.mp_degree,
                                                                 cpu.devices_per_node))
     return policy.plan_worker(graph, cluster, num_devices=cfg.mp_degree,
-                              num_micro_batches=k, time_limit_s=time_limit_s, solver=solver,
-                              objective=objective)
+                              num_micro_batches=cfg.num_micro_batches,
+                              time_limit_s=time_limit_s, solver=solver, objective=objective)

@@ -24,7 +24,7 @@ from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.config import TrainConfig
 from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.capacity import NodeResources, cluster_nodes
-from orchestrator.train.planning import micro_batch_size, plan_worker
+from orchestrator.train.planning import plan_worker, worker_batch_size
 from placement.cluster import PRESET_NAMES, ClusterSpec, preset
 from placement.errors import UserError
 from placement.plan import Plan
@@ -259,15 +259,15 @@ def profile_on_gpu_worker(model: str, *, preset_name: str, batch: int, target: s
 
 def plan_on_gpus(cfg: TrainConfig, *, solver: str, time_limit_s: float) -> Plan:
     """The plan of a training run on the cluster's real GPUs: its GPUs asked for (on an
-    autoscaling cluster they exist once asked), one micro-batch profiled on one of them
+    autoscaling cluster they exist once asked), a worker's batch profiled on one of them
     (CUDA events), and placed with the preset of their instance type. Never the
     driver's CPU costs: the head has no GPU, and a CPU plan misplaces a GPU step."""
     types = load_node_types()
     if types:
         acquire(plan_worker_request(types, cfg.dp_degree, cfg.mp_degree))
     cluster = preset(preset_for(types, cluster_nodes()))
-    micro = profile_on_gpu_worker(cfg.model, preset_name=cfg.preset,
-                                  batch=micro_batch_size(cfg), target=cluster.device.name,
+    graph = profile_on_gpu_worker(cfg.model, preset_name=cfg.preset,
+                                  batch=worker_batch_size(cfg), target=cluster.device.name,
                                   granularity=cfg.granularity)
-    return plan_worker(cfg, solver=solver, time_limit_s=time_limit_s, micro=micro,
+    return plan_worker(cfg, solver=solver, time_limit_s=time_limit_s, graph=graph,
                        cluster=cluster)

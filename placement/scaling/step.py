@@ -140,8 +140,8 @@ def worker_step(graph: OpGraph, plan: Plan, cluster: ClusterSpec, batch: float,
     scaled = scale_graph(graph, rule.compute_factor(batch, k), rule.data_factor(batch))
     kind = cluster.device.name
     tg = build_tasks(scaled, link=cluster.intra_node, device_kind=kind, num_micro_batches=k,
-                     time_factor=split_overhead(graph, kind, plan.num_devices),
-                     corun_slowdown=corun_slowdown(graph, kind, plan.num_devices))
+                     time_factor=split_overhead(graph, kind, plan.num_devices, k),
+                     corun_slowdown=corun_slowdown(graph, kind, plan.num_devices, k))
     group_device = _group_device(tg, plan)
     schedule = evaluate_order(tg, group_device, _order(tg, plan))
     dev = tg.task_devices(group_device)

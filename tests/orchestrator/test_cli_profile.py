@@ -91,7 +91,9 @@ def test_plan_defaults_to_the_profiled_target(tmp_path, capsys):
     assert code == 0
     # A CPU profile says what splitting over this host's threads costs, as measured.
     md = load_graph(out).metadata
-    assert f"split plans: x{md['split_overhead']['cpu']:.2f} per task" in stdout
-    assert f"devices side by side: x{md['corun_slowdown']['cpu']:.2f}" in stdout
+    split, corun = md["split_overhead"]["cpu"], md["corun_slowdown"]["cpu"]
+    assert (f"split plans: x{split['1']:.2f} at K=1, x{split['2']:.2f} at K=2, "
+            f"x{split['4']:.2f} at K=4 per task") in stdout
+    assert f"devices side by side: x{corun['1']:.2f} at K=1" in stdout
     code, stdout, _ = run_cli(["plan", "--graph", str(out), "--devices", "2"], capsys)
     assert code == 0 and "device(s) of cpu" in stdout

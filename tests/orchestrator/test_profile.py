@@ -19,6 +19,7 @@ from orchestrator.profile.trace import partition as cut, trace
 from placement.cluster import A100, V100
 from placement.errors import UserError
 from placement.io import load_graph, save_graph
+from placement.policy import MICRO_BATCH_COUNTS
 
 ATTR_KEYS = {"layer_kind", "module", "output_shape", "input_shapes", "forward_flops"}
 KINDS = {"conv2d", "linear", "lstm", "embedding", "pool", "norm", "elementwise", "concat",
@@ -139,12 +140,16 @@ def test_profiled_graph(graphs, name, tmp_path):
         if op.attrs["layer_kind"] in ("conv2d", "linear") and op.param_bytes:
             assert len(op.attrs["weight_shape"]) >= 2
     assert all(e.bytes > 0 for e in graph.edges)
-    # What one autograd call per op costs the executor, measured (projected kinds: no).
+    # What one autograd call per op and micro-batch costs the executor, measured at
+    # each micro-batch count that divides the batch (projected kinds: no).
     assert set(graph.metadata["split_overhead"]) == {"cpu"}
-    assert 1 <= graph.metadata["split_overhead"]["cpu"] < 10
+    ks = {str(k) for k in MICRO_BATCH_COUNTS if graph.metadata["batch"] % k == 0}
+    assert set(graph.metadata["split_overhead"]["cpu"]) == ks
+    assert all(1 <= r < 20 for r in graph.metadata["split_overhead"]["cpu"].values())
     # How much two device threads of this host slow each other down, measured.
     assert set(graph.metadata["corun_slowdown"]) == {"cpu"}
-    assert 1 <= graph.metadata["corun_slowdown"]["cpu"] < 10
+    assert set(graph.metadata["corun_slowdown"]["cpu"]) == ks
+    assert all(1 <= r < 10 for r in graph.metadata["corun_slowdown"]["cpu"].values())
     json.dumps([dict(op.attrs) for op in graph.ops])
     save_graph(graph, tmp_path / "g.json")
     again = load_graph(tmp_path / "g.json")

@@ -87,12 +87,12 @@ def test_an_aten_plan_profiled_on_either_device_is_one_the_worker_runs(profiled_
 
     from orchestrator.models import build
     from orchestrator.train.checks import check_plan
-    from orchestrator.train.planning import profile_micro_batch
+    from orchestrator.train.planning import profile_worker_batch
     from orchestrator.train.worker_executor import build_executor
 
     cfg = TrainConfig(model=BERT, granularity="aten", mp_degree=2, num_micro_batches=1,
                       global_batch=4)
-    plan = plan_worker(cfg, micro=profile_micro_batch(cfg, device=profiled_on),
+    plan = plan_worker(cfg, graph=profile_worker_batch(cfg, device=profiled_on),
                        time_limit_s=2)
     check_plan(plan, cfg, build(BERT, "tiny"), "plan.json")
     planned = build_executor(BERT, preset="tiny", seed=0, plan=plan,

@@ -11,7 +11,7 @@ from ray.train.torch import TorchTrainer
 
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import WorkerJob
-from orchestrator.train.planning import micro_batch_size, plan_worker, profile_micro_batch
+from orchestrator.train.planning import plan_worker, profile_worker_batch, worker_batch_size
 from orchestrator.train.worker import train_loop_per_worker
 from placement.errors import UserError
 
@@ -20,7 +20,7 @@ _PROFILES: dict = {}
 
 
 def _profile(cfg: TrainConfig):
-    """One profile per model and micro-batch for the whole module (plans made from it
+    """One profile per model and worker batch for the whole module (plans made from it
     differ by degree and micro-batch count). The project's models at module level on
     the meta device, times projected, none measured: these tests need a plan that
     splits the model, not one that predicts its step, and timing every op was most of
@@ -28,10 +28,10 @@ def _profile(cfg: TrainConfig):
     its data when built (no meta tensor holds any), and an operator-level capture
     follows the device's code path (transformers' attention adds a `contiguous` on a
     meta tensor that it skips on a CPU one)."""
-    key = (cfg.model, cfg.preset, micro_batch_size(cfg), cfg.granularity)
+    key = (cfg.model, cfg.preset, worker_batch_size(cfg), cfg.granularity)
     if key not in _PROFILES:
         own_model = ":" in cfg.model
-        _PROFILES[key] = profile_micro_batch(
+        _PROFILES[key] = profile_worker_batch(
             cfg, device="cpu" if own_model or cfg.granularity != "module" else "meta")
     return _PROFILES[key]
 
@@ -44,7 +44,7 @@ def split_plan(cfg: TrainConfig):
     """A plan over every one of the worker's devices: max-load balances the ops over
     them, where a step-time plan of a model this small on CPU threads keeps it on one
     device (and a test of the split would then run none)."""
-    return plan_worker(cfg, micro=_profile(cfg), objective="max-load",
+    return plan_worker(cfg, graph=_profile(cfg), objective="max-load",
                        time_limit_s=SPLIT_PLAN_TIME_S)
 
 

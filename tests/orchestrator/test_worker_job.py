@@ -24,7 +24,7 @@ def real_job(tmp_path, **train) -> WorkerJob:
     cfg = TrainConfig(model="biglstm", mp_degree=2, num_micro_batches=2, global_batch=8,
                       steps=2, lr=0.02, clip_grad_norm=1.5, checkpoint_every=2,
                       inject_failures=((7, "raise"), (9, "kill")), **train)
-    plan = plan_worker(cfg, solver="heuristic", time_limit_s=5.0, micro=_profile(cfg))
+    plan = plan_worker(cfg, solver="heuristic", time_limit_s=5.0, graph=_profile(cfg))
     efficiency = NoiseScaleModel(b_noise=300.0, min_epochs=2.0)
     return WorkerJob(train=cfg, plan=plan,
                      projection=Projection.at_batch(efficiency, 5e4, cfg.global_batch),

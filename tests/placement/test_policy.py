@@ -59,3 +59,18 @@ def test_a_spent_budget_gives_the_heuristic_plan_and_says_why():
                             time_limit_s=MIN_SOLVE_S, micro_batches=lambda m: (1, 2, 4))
     assert plans[2].solver.startswith("heuristic:")
     assert any("planning budget" in n for n in plans[2].notes)
+
+
+def test_the_plan_says_what_every_micro_batch_count_came_to():
+    graph = training_dag(5, 5)
+    plans = plan_mp_degrees(graph, CLUSTER, [1, 2], time_limit_s=3.0, solver="heuristic",
+                            micro_batches=lambda m: (1,) if m == 1 else (1, 2, 4))
+    each = {k: plan_worker(graph, CLUSTER, num_devices=2, num_micro_batches=k,
+                           time_limit_s=1.0, solver="heuristic").value for k in (1, 2, 4)}
+    unit = plans[2].time_unit
+    scale, shown = (1e3, "ms") if unit == "s" else (1.0, unit)
+    assert ("value per micro-batch count: " + ", ".join(
+        f"K={k} {v * scale:.4g} {shown}" for k, v in each.items())) in plans[2].notes
+    assert plans[2].value == min(each.values())
+    # One count tried: nothing to compare.
+    assert not any(n.startswith("value per micro-batch count") for n in plans[1].notes)
