@@ -134,8 +134,9 @@ def _highs_solver(warm_start: bool):
     class HighsWithStart(Highs):
         def _solve(self):
             columns = self._pyomo_var_to_solver_var_map
-            known = [(columns[id(v)], float(v.value)) for v in self._model.component_data_objects(
-                pyo.Var, active=True) if v.value is not None and id(v) in columns]
+            variables = self._model.component_data_objects(pyo.Var, active=True)
+            known = [(columns[id(v)], float(v.value)) for v in variables
+                     if v.value is not None and id(v) in columns]
             if known:
                 index, value = zip(*known)
                 self._solver_model.setSolution(len(index), np.array(index, dtype=np.int32),

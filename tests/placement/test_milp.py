@@ -367,3 +367,28 @@ def test_max_load_model_adds_memory_rows_only_where_the_cap_can_bind():
     repn = generate_standard_repn(tight.memory_fit[0].body)
     assert max(repn.linear_coefs) <= 1.0
     assert sum(repn.linear_coefs) == pytest.approx(2.0)
+
+
+@needs["highs"]
+def test_window_search_moves_a_bad_cut_to_the_optimum():
+    """A chain of 40 equal ops split 10 | 30 on 2 devices: each window frees the ops
+    around the cut and the search walks the cut to the middle, the optimum (the
+    contiguous split of a chain's one order)."""
+    from placement.heuristics import contiguous_split
+    from placement.milp.incumbent import Incumbent
+    from placement.milp.solve import _window_search
+
+    ops = tuple(Op(id=i, name=f"op{i}", forward_s={"any": 1.0}) for i in range(40))
+    edges = tuple(Edge(src=i, dst=i + 1, cost_s=1.0) for i in range(39))
+    p = problem(OpGraph(ops=ops, edges=edges, name="chain", time_unit="unit"), 2,
+                "max-load")
+    start = (np.arange(p.tg.num_groups) >= 10).astype(np.int64)
+    incumbent = Incumbent(start, max_load(p.tg, start, 2), "bad cut")
+    units = [[g] for g in np.argsort([p.tg.tasks[np.flatnonzero(p.tg.group == g)[0]].op_id
+                                      for g in range(p.tg.num_groups)]).tolist()]
+    _window_search(p, BACKENDS["highs"], incumbent, units, 0.0, time.perf_counter() + 20)
+    optimum = max_load(p.tg, contiguous_split(p.tg, 2, p.group_memory, p.memory_cap), 2)
+    assert max_load(p.tg, start, 2) > optimum
+    assert incumbent.value == pytest.approx(optimum)
+    assert incumbent.value == pytest.approx(max_load(p.tg, incumbent.group_device, 2))
+    assert incumbent.source == "highs (window search)"
