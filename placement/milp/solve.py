@@ -45,10 +45,11 @@ ROTATIONS = 24
 ROTATION_SHARE = 0.1
 #: Share of the time left that the segment bound may take.
 SEGMENT_BOUND_SHARE = 0.1
-#: Share of the time left that the window search may take, the free units at first
-#: on each side of a cut, and the seconds one window's MILP may take (one shorter
-#: than the least is not started).
-WINDOW_SHARE = 0.5
+#: Share of the time left after the coarse round that the window search keeps (the
+#: fine MILP, whose bound it cannot replace, runs first), the free units at first on
+#: each side of a cut, and the seconds one window's MILP may take (one shorter than
+#: the least is not started).
+WINDOW_SHARE = 0.35
 WINDOW_RADIUS = 4
 WINDOW_SECONDS = 15.0
 WINDOW_MIN_SECONDS = 1.0
@@ -173,10 +174,8 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     for g in seq:
         members.setdefault(int(root[g]), []).append(g)
     units = list(members.values())
-    if len(units) > MAX_LOAD_FINE_GROUPS:
-        _window_search(problem, backend, incumbent, units, known,
-                       time.perf_counter() + WINDOW_SHARE * max(
-                           0.0, deadline - time.perf_counter()))
+    windowed = len(units) > MAX_LOAD_FINE_GROUPS
+    if windowed:
         incumbent.stage = "coarsening"
         clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
         _max_load_round(problem, backend, incumbent, clusters,
@@ -184,9 +183,12 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
                         f"{backend.name} on {len(clusters)} clusters", known, exact=False)
         refine(incumbent.source, REFINE_SHARE)
         _snap_side_inputs(incumbent, root, score)
-    bound, status = _max_load_round(problem, backend, incumbent, units,
-                                    deadline, 1.0, backend.name, known, exact=True)
+    bound, status = _max_load_round(problem, backend, incumbent, units, deadline,
+                                    1.0 - WINDOW_SHARE if windowed else 1.0,
+                                    backend.name, known, exact=True)
     if status != "optimal":
+        if windowed:
+            _window_search(problem, backend, incumbent, units, known, deadline)
         refine(incumbent.source, 1.0)
     return max(bound, known), status
 
