@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pyomo.environ as pyo
 from pyomo.common.errors import ApplicationError
 from pyomo.opt import SolverStatus, TerminationCondition
@@ -83,7 +84,6 @@ def _highs_available() -> bool:
 def _run_highs(model: pyo.ConcreteModel, options: SolveOptions) -> SolveResult:
     # Pyomo's new solver interface: the older appsi_highs hung past its time limit on
     # a 576-binary model on this machine (SOLVER_NOTES.md).
-    from pyomo.contrib.solver.common.factory import SolverFactory
     from pyomo.contrib.solver.common.results import (
         SolutionStatus,
         TerminationCondition as Term,
@@ -92,10 +92,10 @@ def _run_highs(model: pyo.ConcreteModel, options: SolveOptions) -> SolveResult:
     started = time.perf_counter()
     solver_options = {}
     if options.cutoff is not None:
-        # This interface takes no MIP start; a cutoff just above the incumbent's value
-        # prunes every node that cannot beat it, which is most of what a start buys.
+        # A cutoff just above the incumbent's value prunes every node that cannot
+        # beat it.
         solver_options["objective_bound"] = options.cutoff * (1 + 1e-9) + 1e-12
-    res = SolverFactory("highs").solve(
+    res = _highs_solver(options.warm_start).solve(
         model, time_limit=options.time_limit_s, rel_gap=options.gap,
         threads=options.threads, load_solutions=False, solver_options=solver_options,
         raise_exception_on_nonoptimal_result=False)
@@ -118,6 +118,32 @@ def _run_highs(model: pyo.ConcreteModel, options: SolveOptions) -> SolveResult:
         status = "no_solution"
     return SolveResult(solver="highs", status=status, has_solution=has, lower_bound=bound,
                        seconds=time.perf_counter() - started, message=str(term))
+
+
+def _highs_solver(warm_start: bool):
+    """Pyomo's HiGHS interface; with `warm_start`, one that hands the model's current
+    variable values to HiGHS as a MIP start just before it runs. The interface has no
+    option for a start, and its update step clears one set any earlier. A start lets
+    HiGHS's improvement heuristics (RINS, local search) work around the incumbent,
+    which a cutoff alone does not."""
+    from pyomo.contrib.solver.solvers.highs import Highs
+
+    if not warm_start:
+        return Highs()
+
+    class HighsWithStart(Highs):
+        def _solve(self):
+            columns = self._pyomo_var_to_solver_var_map
+            variables = self._model.component_data_objects(pyo.Var, active=True)
+            known = [(columns[id(v)], float(v.value)) for v in variables
+                     if v.value is not None and id(v) in columns]
+            if known:
+                index, value = zip(*known)
+                self._solver_model.setSolution(len(index), np.array(index, dtype=np.int32),
+                                               np.array(value, dtype=np.float64))
+            return super()._solve()
+
+    return HighsWithStart()
 
 
 @contextlib.contextmanager
@@ -196,7 +222,7 @@ def _run_shell(name: str, model: pyo.ConcreteModel, options: SolveOptions) -> So
 BACKENDS: dict[str, Backend] = {
     "highs": Backend(name="highs", install="pip install highspy",
                      is_available=_highs_available, run=_run_highs,
-                     takes_warm_start=False),
+                     takes_warm_start=True),
     "cbc": Backend(name="cbc", install="apt-get install coinor-cbc",
                    is_available=lambda: _shell_available("cbc"),
                    run=lambda m, o: _run_shell("cbc", m, o), takes_warm_start=True),

@@ -125,9 +125,15 @@ def build_max_load(data: MaxLoadData) -> pyo.ConcreteModel:
 def add_memory_and_symmetry(m: pyo.ConcreteModel) -> None:
     """The constraint families both builders share over the assignment x[u,d]: each
     device's memory cap, and the numbering of identical devices by their first unit."""
-    # sum_u memory_u x[u,d] <= memory_cap
+    # sum_u (memory_u / memory_cap) x[u,d] <= 1, in bytes over the cap: coefficients of
+    # bytes (1e7) against a cap (1e10) left HiGHS warning that the model was badly
+    # scaled. A cap that all units together fit under cannot bind and adds no rows.
+    fits_anyway = sum(pyo.value(m.memory[u]) for u in m.U) <= pyo.value(m.memory_cap)
+
     def memory_rule(m, d):
-        return sum(m.memory[u] * m.x[u, d] for u in m.U) <= m.memory_cap
+        if fits_anyway:
+            return pyo.Constraint.Skip
+        return sum(m.memory[u] / m.memory_cap * m.x[u, d] for u in m.U) <= 1
     m.memory_fit = pyo.Constraint(m.D, rule=memory_rule)
 
     # prefix[u,d] = prefix[u-1,d] + x[u,d] (a running count, to keep symmetry sparse)

@@ -45,6 +45,14 @@ ROTATIONS = 24
 ROTATION_SHARE = 0.1
 #: Share of the time left that the segment bound may take.
 SEGMENT_BOUND_SHARE = 0.1
+#: Share of the time left after the coarse round that the window search keeps (the
+#: fine MILP, whose bound it cannot replace, runs first), the free units at first on
+#: each side of a cut, and the seconds one window's MILP may take (one shorter than
+#: the least is not started).
+WINDOW_SHARE = 0.35
+WINDOW_RADIUS = 4
+WINDOW_SECONDS = 15.0
+WINDOW_MIN_SECONDS = 1.0
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
 #: How a plan's source starts when a baseline placer (maybe refined) made it.
@@ -166,7 +174,8 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     for g in seq:
         members.setdefault(int(root[g]), []).append(g)
     units = list(members.values())
-    if len(units) > MAX_LOAD_FINE_GROUPS:
+    windowed = len(units) > MAX_LOAD_FINE_GROUPS
+    if windowed:
         incumbent.stage = "coarsening"
         clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
         _max_load_round(problem, backend, incumbent, clusters,
@@ -174,11 +183,65 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
                         f"{backend.name} on {len(clusters)} clusters", known, exact=False)
         refine(incumbent.source, REFINE_SHARE)
         _snap_side_inputs(incumbent, root, score)
-    bound, status = _max_load_round(problem, backend, incumbent, units,
-                                    deadline, 1.0, backend.name, known, exact=True)
+    bound, status = _max_load_round(problem, backend, incumbent, units, deadline,
+                                    1.0 - WINDOW_SHARE if windowed else 1.0,
+                                    backend.name, known, exact=True)
     if status != "optimal":
+        if windowed:
+            _window_search(problem, backend, incumbent, units, known, deadline)
         refine(incumbent.source, 1.0)
     return max(bound, known), status
+
+
+def _window_search(problem: Problem, backend: Backend, incumbent: Incumbent,
+                   units: list[list[int]], known_bound: float, until: float) -> None:
+    """Re-optimise the incumbent around its cuts until `until`: the units within r
+    positions (along `units`, in sequence order) of a unit on another device are
+    free, the others stay with their devices' other fixed units, merged into one unit
+    per device, and the MILP over those units is solved exactly (it is small). The
+    fine MILP alone does not improve the incumbent on operator graphs in a minute;
+    a neighbourhood of its cuts is where a better plan is (the contiguous splits'
+    cut points, shifted and blurred). A window proven to hold no better plan grows r;
+    one stopped by its time limit shrinks it."""
+    tg, k = problem.tg, problem.num_devices
+    radius = WINDOW_RADIUS
+    while until - time.perf_counter() > WINDOW_MIN_SECONDS:
+        unit_device = incumbent.group_device[[groups[0] for groups in units]]
+        near = np.flatnonzero(unit_device[1:] != unit_device[:-1])
+        free = np.zeros(len(units), dtype=bool)
+        for b in near.tolist():
+            free[max(0, b - radius + 1):b + radius + 1] = True
+        if free.all() or not free.any():
+            return
+        blocks = [[g for u in np.flatnonzero(~free & (unit_device == d)).tolist()
+                   for g in units[u]] for d in range(k)]
+        window = [b for b in blocks if b] + [units[u]
+                                             for u in np.flatnonzero(free).tolist()]
+        incumbent.stage = f"window search ({int(free.sum())} free units)"
+        data = ml.max_load_data(tg, window, k, problem.group_memory, problem.memory_cap,
+                                known_bound)
+        model = ml.build_max_load(data)
+        ml.set_start(model, data, incumbent.group_device[[groups[0] for groups in window]])
+        options = SolveOptions(time_limit_s=min(WINDOW_SECONDS,
+                                                until - time.perf_counter()),
+                               gap=problem.config.gap, threads=problem.config.threads,
+                               cutoff=incumbent.value / data.scale)
+        result = run_checked(backend, model, options, incumbent)
+        found = ml.unit_devices(model) if result.has_solution else None
+        improved = False
+        if found is not None:
+            unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
+            for i, groups in enumerate(window):
+                unit_of_group[groups] = i
+            group_device = found[unit_of_group]
+            if placement_fits(problem, group_device, incumbent, backend):
+                value = float(device_loads(tg, group_device, k).max())
+                believable(model.L.value * data.scale, value, incumbent, backend)
+                improved = incumbent.offer(group_device, value,
+                                           f"{backend.name} (window search)")
+        if not improved:
+            radius = (int(radius * 1.5) + 1 if result.status in ("optimal", "no_solution")
+                      else max(WINDOW_RADIUS, radius // 2))
 
 
 def _snap_side_inputs(incumbent: Incumbent, root: np.ndarray, score) -> None:

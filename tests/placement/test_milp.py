@@ -324,3 +324,71 @@ def test_memory_that_no_placement_fits_is_a_named_error_with_a_device_count():
     assert list(placements(p.tg, 2, fits_memory(p))) == []
     with pytest.raises(InfeasiblePlacementError, match="use at least 3 devices"):
         solve_heuristic(p)
+
+
+def _max_load_model(device_memory_bytes: float | None = None):
+    from placement.milp import max_load as ml
+
+    p = problem(training_dag(3, 12), 3, "max-load", device_memory_bytes=device_memory_bytes)
+    units = [[g] for g in range(p.tg.num_groups)]
+    data = ml.max_load_data(p.tg, units, 3, p.group_memory, p.memory_cap)
+    return p, data, ml.build_max_load(data)
+
+
+@needs["highs"]
+def test_highs_keeps_the_warm_start_it_is_given():
+    """Stopped before it can search, HiGHS still returns the start it was handed (its
+    value and placement); without the start it has nothing."""
+    from placement.milp import max_load as ml
+    from placement.milp.backends import SolveOptions
+
+    p, data, model = _max_load_model()
+    start = np.arange(p.tg.num_groups) % 3
+    ml.set_start(model, data, start)
+    expected = max_load(p.tg, ml.canonical_devices(start), 3)
+    stop_at_once = SolveOptions(time_limit_s=1e-9, gap=0.0)
+    result = BACKENDS["highs"].run(model, stop_at_once)
+    assert result.has_solution
+    assert model.L.value * data.scale == pytest.approx(expected)
+    assert (ml.unit_devices(model) == ml.canonical_devices(start)).all()
+    cold = BACKENDS["highs"].run(model, dataclasses.replace(stop_at_once, warm_start=False))
+    assert not cold.has_solution
+
+
+def test_max_load_model_adds_memory_rows_only_where_the_cap_can_bind():
+    """Rows in units of the cap (bytes against a cap of 1e10 scaled the model badly), and
+    none when all units fit on one device anyway."""
+    from pyomo.repn import generate_standard_repn
+
+    p, _, roomy = _max_load_model()
+    assert len(roomy.memory_fit) == 0
+    _, _, tight = _max_load_model(device_memory_bytes=0.5 * float(p.group_memory.sum()))
+    assert len(tight.memory_fit) == 3
+    repn = generate_standard_repn(tight.memory_fit[0].body)
+    assert max(repn.linear_coefs) <= 1.0
+    assert sum(repn.linear_coefs) == pytest.approx(2.0)
+
+
+@needs["highs"]
+def test_window_search_moves_a_bad_cut_to_the_optimum():
+    """A chain of 40 equal ops split 10 | 30 on 2 devices: each window frees the ops
+    around the cut and the search walks the cut to the middle, the optimum (the
+    contiguous split of a chain's one order)."""
+    from placement.heuristics import contiguous_split
+    from placement.milp.incumbent import Incumbent
+    from placement.milp.solve import _window_search
+
+    ops = tuple(Op(id=i, name=f"op{i}", forward_s={"any": 1.0}) for i in range(40))
+    edges = tuple(Edge(src=i, dst=i + 1, cost_s=1.0) for i in range(39))
+    p = problem(OpGraph(ops=ops, edges=edges, name="chain", time_unit="unit"), 2,
+                "max-load")
+    start = (np.arange(p.tg.num_groups) >= 10).astype(np.int64)
+    incumbent = Incumbent(start, max_load(p.tg, start, 2), "bad cut")
+    units = [[g] for g in np.argsort([p.tg.tasks[np.flatnonzero(p.tg.group == g)[0]].op_id
+                                      for g in range(p.tg.num_groups)]).tolist()]
+    _window_search(p, BACKENDS["highs"], incumbent, units, 0.0, time.perf_counter() + 20)
+    optimum = max_load(p.tg, contiguous_split(p.tg, 2, p.group_memory, p.memory_cap), 2)
+    assert max_load(p.tg, start, 2) > optimum
+    assert incumbent.value == pytest.approx(optimum)
+    assert incumbent.value == pytest.approx(max_load(p.tg, incumbent.group_device, 2))
+    assert incumbent.source == "highs (window search)"
