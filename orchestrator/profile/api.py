@@ -81,9 +81,15 @@ def _generic_cpu_kernels():
     the meta device's (Inception-V3, VGG-16: the same costs to the bit) but for the
     LSTM, whose input GEMM the CPU runs once for all time steps, as cuDNN does, where
     the meta device runs one per step: 3-5% less projected step for BigLSTM and GNMT
-    at `aten` granularity than the meta device gave."""
-    with torch.backends.mkldnn.flags(enabled=False):
+    at `aten` granularity than the meta device gave. Only `enabled` is switched:
+    `torch.backends.mkldnn.flags` also sets oneDNN's TF32 flag, which warns on every
+    profile on a build without Intel GPU support."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
         yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def _tensors_for(device, granularity: str) -> tuple[str | torch.device | None,
