@@ -29,6 +29,11 @@ def tasks(graph, k=1, training=True):
                        training=training)
 
 
+def random_placement(tg, k, rnd):
+    """Each group on a device drawn by hypothesis's `rnd`."""
+    return np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+
+
 def place(tg, assignment):
     return tg.group_devices(assignment)
 
@@ -124,7 +129,7 @@ def random_dags(draw, max_ops=8):
 @given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.randoms())
 def test_schedules_are_feasible_and_bounded(graph, k, micro, rnd):
     tg = tasks(graph, k=micro)
-    gd = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    gd = random_placement(tg, k, rnd)
     sched = list_schedule(tg, gd, k)
     dev = sched.device
     for s, d, c in zip(tg.edge_src, tg.edge_dst, tg.edge_transfer_s):
@@ -156,7 +161,7 @@ def test_a_micro_batch_stagger_pipelines_the_copies():
        st.randoms())
 def test_staggered_schedules_are_feasible(graph, k, micro, stagger, rnd):
     tg = tasks(graph, k=micro)
-    gd = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    gd = random_placement(tg, k, rnd)
     sched = list_schedule(tg, gd, k, stagger_s=stagger)
     for s, d, c in zip(tg.edge_src, tg.edge_dst, tg.edge_transfer_s):
         delay = c if sched.device[s] != sched.device[d] else 0.0
@@ -213,7 +218,7 @@ def test_devices_sharing_a_host_slow_each_other_down_while_both_run():
 def test_shared_host_schedules_are_feasible_and_between_the_plain_and_stretched_ones(
         graph, k, micro, slowdown, rnd):
     tg = tasks(graph, k=micro)
-    gd = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    gd = random_placement(tg, k, rnd)
     order = list_schedule(tg, gd, k).order
     plain = evaluate_order(tg, gd, order)
     # A slowdown of (almost) 1 takes the event loop, which must agree with the plain pass.
