@@ -32,7 +32,7 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "predicted_time_s": ranked["predicted_time_s"],
         "overhead_s": ranked["overhead_s"], "correction": ranked["correction"],
         "correction_from": correction.source(c.mp_degree),
-        "calibrated": c.mp_degree in correction.overheads_s,
+        "calibrated": correction.calibrated(c.mp_degree),
         "measured_step_s": measured,
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),

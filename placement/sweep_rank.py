@@ -1,18 +1,22 @@
 """Re-ranking the sweep as trials report: the predicted step time corrected by what the
 trials measured, and the order in which the candidates not yet run are tried.
 
-The correction is an overhead per mp_degree: measured step = predicted step + overhead.
-Where the predicted step was timed here before the sweep (the worker's own executor at
-the trial's batch, placement/scaling/timed_step.py), what is left for the overhead is
-what Ray Train adds around the same code: the other worker process and Ray's own
-processes taking slices of the cores, gloo's allreduce inside DDP's backward. That
-costs a step about the same at every batch. Measured on this machine with the scaling
-model's steps, the misses of one mp_degree already hardly moved with the batch (mp 1:
-+11.8 ms at global batch 64, +12.5 at 32), where a ratio fitted on one batch missed
-the other by 18% and more. An overhead + ratio fit would take two trials of every
-mp_degree before it said anything, where a sweep of a few trials has one or two. An
-mp_degree not measured yet takes the median overhead of those that were (the host's
-load is shared), or none before any trial has reported."""
+The correction is a ratio per mp_degree, measured step = predicted step x ratio, shrunk
+towards 1 by how little evidence is behind it. The predicted step is timed here before
+the sweep, as the trials run it (placement/scaling/timed_step.py: the worker's own
+executor and gradient sync, its dp workers side by side), so what is left between a
+trial and its timing is mostly the load other processes put on the shared cores during
+the trial's few seconds of steps: it slows compute in proportion (a ratio, not an
+overhead), and it changes from one trial to the next. Recorded on this machine (14
+calibrated trials of demos and e2e runs, docs/benchmarks.md "Sweep"): a trial measured
+-39% to +58% against its timing, the first trial of an mp_degree told little of its
+second, and taking the first trial's full miss as the correction put 3 of the 14 within
+15% where the timing alone put 9. So the timing counts as `PRIOR_TRIALS` trials that
+measured exactly it: with n trials of an mp_degree whose median ratio is r, the
+correction is 1 + (r - 1) n / (n + PRIOR_TRIALS). One trial moves the prediction by a
+third of its miss; a difference the trials keep repeating takes over as they add up.
+An mp_degree not measured yet takes the median ratio of all trials (the host's load is
+shared), shrunk the same way by their number."""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from placement.sweep_space import Candidate, best_per_mp_degree
+
+#: How many trials the timed step is worth against the trials' own measures.
+PRIOR_TRIALS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,56 +46,68 @@ class Measurement:
                              f"{self.measured_step_s} must both be > 0")
 
     @property
-    def overhead_s(self) -> float:
-        return self.measured_step_s - self.predicted_step_s
+    def ratio(self) -> float:
+        return self.measured_step_s / self.predicted_step_s
 
 
-#: A corrected step never goes below this share of the model's: an overhead learned
-#: from a trial that ran faster than predicted says little of a much shorter step.
-MIN_CORRECTED_SHARE = 0.25
+def shrunk(ratios: Sequence[float]) -> float:
+    """The median of `ratios`, pulled towards 1 as if `PRIOR_TRIALS` more had been 1."""
+    n = len(ratios)
+    return 1.0 + (statistics.median(ratios) - 1.0) * n / (n + PRIOR_TRIALS)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Correction:
-    """measured step = predicted step + overhead, one overhead per measured mp_degree."""
+    """measured step = predicted step x ratio, one ratio per measured mp_degree."""
 
-    overheads_s: Mapping[int, float] = field(default_factory=dict)
-    """Median measured - predicted step time of each measured mp_degree (seconds)."""
-    shared_overhead_s: float = 0.0
-    """The overhead of an mp_degree not measured yet: the median of `overheads_s`, else 0."""
+    ratios: Mapping[int, float] = field(default_factory=dict)
+    """The shrunk ratio of each measured mp_degree."""
+    trials: Mapping[int, int] = field(default_factory=dict)
+    """How many trials of each mp_degree stand behind its ratio."""
+    shared_ratio: float = 1.0
+    """The ratio of an mp_degree not measured yet: all trials' median, shrunk; else 1."""
 
-    def overhead_s(self, mp_degree: int) -> float:
-        return self.overheads_s.get(mp_degree, self.shared_overhead_s)
+    def ratio(self, mp_degree: int) -> float:
+        return self.ratios.get(mp_degree, self.shared_ratio)
 
     def step_s(self, mp_degree: int, predicted_step_s: float) -> float:
-        return max(predicted_step_s + self.overhead_s(mp_degree),
-                   MIN_CORRECTED_SHARE * predicted_step_s)
+        return predicted_step_s * self.ratio(mp_degree)
+
+    def calibrated(self, mp_degree: int) -> bool:
+        return mp_degree in self.ratios
 
     def source(self, mp_degree: int) -> str:
-        """Where the overhead of `mp_degree` comes from, in words."""
-        if mp_degree in self.overheads_s:
-            return f"mp {mp_degree} trials"
-        return "other mp_degrees' trials" if self.overheads_s else "none (no trial yet)"
+        """Where the ratio of `mp_degree` comes from, in words."""
+        if mp_degree in self.ratios:
+            n = self.trials[mp_degree]
+            return f"{n} mp {mp_degree} trial{'s' * (n > 1)}"
+        if self.ratios:
+            n = sum(self.trials.values())
+            return f"{n} trial{'s' * (n > 1)} of other mp_degrees"
+        return "none (no trial yet)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overheads_s": {str(m): o for m, o in sorted(self.overheads_s.items())},
-                "shared_overhead_s": self.shared_overhead_s}
+        return {"ratios": {str(m): r for m, r in sorted(self.ratios.items())},
+                "trials": {str(m): n for m, n in sorted(self.trials.items())},
+                "shared_ratio": self.shared_ratio}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Correction:
-        return cls(overheads_s={int(m): o for m, o in d["overheads_s"].items()},
-                   shared_overhead_s=d["shared_overhead_s"])
+        return cls(ratios={int(m): r for m, r in d["ratios"].items()},
+                   trials={int(m): n for m, n in d["trials"].items()},
+                   shared_ratio=d["shared_ratio"])
 
 
 def fit_correction(measurements: Sequence[Measurement]) -> Correction:
-    """The per-mp_degree overhead of the trials measured so far (medians: one trial
-    slowed by a neighbour's burst does not move it much once there are three)."""
+    """The shrunk ratio of each mp_degree measured so far (medians: one trial caught by a
+    neighbour's burst moves it less once there are three)."""
     by_mp: dict[int, list[float]] = {}
     for m in measurements:
-        by_mp.setdefault(m.mp_degree, []).append(m.overhead_s)
-    overheads = {mp: statistics.median(os) for mp, os in by_mp.items()}
-    return Correction(overheads_s=overheads, shared_overhead_s=statistics.median(
-        overheads.values()) if overheads else 0.0)
+        by_mp.setdefault(m.mp_degree, []).append(m.ratio)
+    return Correction(ratios={mp: shrunk(rs) for mp, rs in by_mp.items()},
+                      trials={mp: len(rs) for mp, rs in by_mp.items()},
+                      shared_ratio=shrunk([m.ratio for m in measurements])
+                      if measurements else 1.0)
 
 
 @dataclass(frozen=True, kw_only=True)

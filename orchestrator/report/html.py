@@ -28,6 +28,7 @@ from orchestrator.sweep_trials import CALIBRATED_TOLERANCE  # noqa: E402
 from orchestrator.train.step_breakdown import PARTS  # noqa: E402
 from placement.plan import Plan  # noqa: E402
 from placement.scaling.crossover import CrossoverResult  # noqa: E402
+from placement.sweep_rank import PRIOR_TRIALS  # noqa: E402
 
 
 def save_heatmap(rows: Sequence[dict], path: Path) -> None:
@@ -129,8 +130,9 @@ projected time to accuracy {summary['winner_projected_time_s']:.4g} s. Cross-ove
 Final run: loss {losses[0]:.3f} at its first step, {losses[-1]:.3f} at its last.</p>
 <p>Each trial's step before correction: {html.escape(summary['step_prediction'])}
 {html.escape(_timed_text(summary['timed_steps']))}.
-Correction learned (measured step = the uncorrected + an overhead per mp_degree):
-{html.escape(learned_correction(rows))}. A trial ranked with the overhead of its own mp_degree
+Correction learned (measured step = the uncorrected x a ratio per mp_degree, the trials'
+median ratio shrunk towards 1 as if {PRIOR_TRIALS} more trials had measured the timed step):
+{html.escape(learned_correction(rows))}. A trial ranked with the ratio of its own mp_degree
 must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).</p>
 <h2>Plots</h2>{figures}
 <h2>Trials, in the order the sweep ran them</h2>

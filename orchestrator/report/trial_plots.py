@@ -21,10 +21,9 @@ def learned_correction(rows: Sequence[dict]) -> str:
     fitted = fit_correction([Measurement(mp_degree=t["mp_degree"],
                                          predicted_step_s=t["model_step_s"],
                                          measured_step_s=t["measured_step_s"]) for t in rows])
-    counts = {m: sum(t["mp_degree"] == m for t in rows) for m in fitted.overheads_s}
-    return ", ".join(f"mp {m}: {o * 1e3:+.1f} ms a step ({counts[m]} trial"
-                     f"{'s' * (counts[m] > 1)})"
-                     for m, o in sorted(fitted.overheads_s.items())) or "none (no trial reported)"
+    return ", ".join(f"mp {m}: x{r:.3f} ({fitted.trials[m]} trial"
+                     f"{'s' * (fitted.trials[m] > 1)})"
+                     for m, r in sorted(fitted.ratios.items())) or "none (no trial reported)"
 
 
 def save_predicted_vs_measured(rows: Sequence[dict], path: Path) -> None:

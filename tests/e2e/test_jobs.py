@@ -162,7 +162,7 @@ def check_results(storage: Path, num_trials: int) -> dict:
 def assert_every_mp_degree_ranked(winner: dict) -> None:
     """Every mp_degree was tried, its step timed before the sweep with its dp workers side
     by side, and the trials after the first of each mp_degree were ranked with the
-    overhead that first one measured. (Whether those predictions hold within the issue's
+    ratio that first one measured, shrunk (placement/sweep_rank.py). (Whether those predictions hold within the issue's
     15% is a figure of the run, in docs/benchmarks.md, not an assertion: on this shared
     2-core box, at load averages of 3 to 7, the calibrated trial missed it by a hair in
     both runs of this test with the side-by-side timing, -15.7% and +15.8%: the load moves

@@ -22,21 +22,22 @@ def test_each_trial_carries_the_prediction_that_ranked_it_and_a_measure_reorders
     first = s.suggest("t1")
     assert first["candidate"]["config"]["mp_degree"] == 1 and first["order"] == 1
     assert first["ranked"]["overhead_s"] == 0.0
-    s.on_trial_complete("t1", {MEASURED: 0.03})  # mp 1 runs 20 ms a step slower
+    s.on_trial_complete("t1", {MEASURED: 0.04})  # mp 1 runs 4x its prediction
     second = s.suggest("t2")
     assert Candidate.from_dict(second["candidate"]).key() == "mp2-b64"
-    assert second["ranked"]["overhead_s"] == pytest.approx(0.02)  # shared until mp 2 reports
-    assert second["ranked"]["predicted_step_s"] == pytest.approx(0.03)
+    # Shared until mp 2 reports: ratio 1 + 3 x 1/3.
+    assert second["ranked"]["overhead_s"] == pytest.approx(0.01)
+    assert second["ranked"]["predicted_step_s"] == pytest.approx(0.02)
     s.on_trial_complete("t2", {MEASURED: 0.01})
     # Saved and restored (as Tune does on --resume), the order goes on.
     s.save(str(tmp_path / "searcher.pkl"))
     restored = CorrectedSearcher([], max_trials=0, metric="projected_time_s")
     restored.restore(str(tmp_path / "searcher.pkl"))
     third = restored.suggest("t3")
-    # mp1-b32 corrected to 36 s, mp2-b32 to 13 s.
+    # mp1-b32 corrected to 12 s x 2 = 24 s, mp2-b32 to 13 s.
     assert Candidate.from_dict(third["candidate"]).key() == "mp2-b32"
-    assert third["ranked"]["correction"]["overheads_s"] == {"1": pytest.approx(0.02),
-                                                            "2": pytest.approx(0.0)}
+    assert third["ranked"]["correction"]["ratios"] == {"1": pytest.approx(2.0),
+                                                       "2": pytest.approx(1.0)}
     assert restored.suggest("t4") == Searcher.FINISHED
 
 
@@ -53,17 +54,18 @@ def test_a_trials_record_keeps_the_prediction_that_ranked_it():
 
     s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
     s.suggest("t1")
-    s.on_trial_complete("t1", {MEASURED: 0.02})
+    s.on_trial_complete("t1", {MEASURED: 0.04})
     config = s.suggest("t2")
     s.on_trial_complete("t2", {MEASURED: 0.011})
     metrics = {MEASURED: 0.011, "projected_time_s": 99.0, "loss": 4.0, "step": 30,
                "time_compute_s": 0.01}
     t = trial_record(config, metrics)
     assert (t["key"], t["order"], t["calibrated"]) == ("mp2-b64", 2, False)
-    assert t["predicted_step_s"] == pytest.approx(0.02)  # 10 ms + mp 1's 10 ms overhead
+    assert t["predicted_step_s"] == pytest.approx(0.02)  # 10 ms x mp 1's shrunk ratio, 2
     assert t["error"] == pytest.approx(0.011 / 0.02 - 1)
     assert t["step_source"] == CANDIDATES[2].step_source  # what the prediction is made of
-    # mp2-b32 at 13 s x 1.1 ranks before mp1-b32 at 12 s x 2, by mp 2's own overhead.
+    # mp2-b32 at 13 s x 1.033 ranks before mp1-b32 at 12 s x 2, by mp 2's own ratio.
     third = trial_record(s.suggest("t3"), metrics)
     assert (third["key"], third["calibrated"], third["correction_from"]) == (
-        "mp2-b32", True, "mp 2 trials")
+        "mp2-b32", True, "1 mp 2 trial")
+    assert third["predicted_step_s"] == pytest.approx(0.01 * (1 + 0.1 / 3))

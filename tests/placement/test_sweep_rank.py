@@ -1,4 +1,4 @@
-"""Re-ranking the sweep: the per-mp_degree correction and the order of the trials."""
+"""Re-ranking the sweep: the per-mp_degree shrunk ratio and the order of the trials."""
 
 import statistics
 
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.scaling.crossover import HybridConfig
-from placement.sweep_rank import (MIN_CORRECTED_SHARE, Correction, Measurement,
-                                  fit_correction, next_candidate, ranked)
+from placement.sweep_rank import (PRIOR_TRIALS, Correction, Measurement, fit_correction,
+                                  next_candidate, ranked)
 from placement.sweep_space import Candidate
 
 
@@ -19,16 +19,35 @@ def cand(mp: int, batch: int, time_s: float, step_s: float = 0.01) -> Candidate:
 
 
 def test_fit_correction_hand_computed():
+    assert PRIOR_TRIALS == 2  # the figures below are worked out for it
     fitted = fit_correction([Measurement(mp_degree=1, predicted_step_s=0.01, measured_step_s=0.02),
                              Measurement(mp_degree=1, predicted_step_s=0.01, measured_step_s=0.04),
                              Measurement(mp_degree=2, predicted_step_s=0.02, measured_step_s=0.01)])
-    assert fitted.overheads_s == {1: pytest.approx(0.02), 2: pytest.approx(-0.01)}
-    # Unmeasured: the median of the others.
-    assert fitted.overhead_s(4) == pytest.approx(0.005)
-    assert fitted.step_s(1, 0.01) == pytest.approx(0.03)
-    assert fitted.step_s(2, 0.012) == pytest.approx(MIN_CORRECTED_SHARE * 0.012)
+    # mp 1: ratios 2 and 4, median 3, two trials against the prior's two: 1 + 2 x 2/4.
+    # mp 2: one trial at 0.5: 1 - 0.5 x 1/3.
+    assert fitted.ratios == {1: pytest.approx(2.0), 2: pytest.approx(5 / 6)}
+    assert fitted.trials == {1: 2, 2: 1}
+    # Unmeasured: all three trials' median ratio, 2, shrunk by 3 / 5.
+    assert fitted.ratio(4) == pytest.approx(1.6)
+    assert fitted.step_s(1, 0.01) == pytest.approx(0.02)
+    assert fitted.step_s(4, 0.01) == pytest.approx(0.016)
+    assert (fitted.calibrated(2), fitted.calibrated(4)) == (True, False)
+    assert (fitted.source(1), fitted.source(2), fitted.source(4)) == (
+        "2 mp 1 trials", "1 mp 2 trial", "3 trials of other mp_degrees")
     assert fit_correction([]).step_s(1, 0.01) == 0.01
+    assert fit_correction([]).source(1) == "none (no trial yet)"
     assert Correction.from_dict(fitted.to_dict()) == fitted
+
+
+def test_trials_that_keep_measuring_the_same_miss_take_over_from_the_timing():
+    """One trial moves the prediction by a third of its miss; ten that agree, by 10/12."""
+    def corrected(n: int) -> float:
+        return fit_correction([Measurement(mp_degree=1, predicted_step_s=0.01,
+                                           measured_step_s=0.013)] * n).step_s(1, 0.01)
+
+    assert corrected(1) == pytest.approx(0.011)
+    assert corrected(10) == pytest.approx(0.0125)
+    assert [corrected(n) for n in range(1, 8)] == sorted(corrected(n) for n in range(1, 8))
 
 
 def test_a_measurement_reorders_the_trials_not_yet_run():
@@ -38,32 +57,35 @@ def test_a_measurement_reorders_the_trials_not_yet_run():
     assert next_candidate(cands, {"mp1-b64"}, Correction()).key() == "mp2-b64"
     tried = {"mp1-b64", "mp2-b64"}
     assert next_candidate(cands, tried, Correction()).key() == "mp1-b32"
-    # mp 1 measured 10 ms a step slower than predicted (2x its 10 ms), mp 2 as predicted:
-    # mp2-b32 (13 s) now ranks before mp1-b32 (24 s).
+    # mp 1 measured 2.5x its prediction, mp 2 as predicted: mp 1's ratio is 1 + 1.5 / 3 = 1.5,
+    # and mp2-b32 (13 s) now ranks before mp1-b32 (18 s).
     slower_mp1 = fit_correction([
-        Measurement(mp_degree=1, predicted_step_s=0.01, measured_step_s=0.02),
+        Measurement(mp_degree=1, predicted_step_s=0.01, measured_step_s=0.025),
         Measurement(mp_degree=2, predicted_step_s=0.01, measured_step_s=0.01)])
     assert next_candidate(cands, tried, slower_mp1).key() == "mp2-b32"
-    assert ranked(cands[1], slower_mp1).predicted_time_s == pytest.approx(24.0)
+    assert ranked(cands[1], slower_mp1).predicted_time_s == pytest.approx(18.0)
+    assert ranked(cands[1], slower_mp1).overhead_s == pytest.approx(0.005)
     assert next_candidate(cands, {c.key() for c in cands}, slower_mp1) is None
 
 
 def reference_order(cands, measured_s):
     """The whole sequence by brute force: at each pick, recompute every candidate's
-    corrected time from the raw measurements (measured - predicted per trial, median
-    per mp_degree, the median of those for an unmeasured one) and sort them all."""
+    corrected time from the raw measurements (measured / predicted per trial, their median
+    per mp_degree or over all trials for an unmeasured one, pulled towards 1 by n / (n + 2))
+    and sort them all."""
     order = []
     while len(order) < len(cands):
-        per_mp = {}
+        per_mp, every = {}, []
         for c in order:
-            per_mp.setdefault(c.mp_degree, []).append(measured_s[c.key()] - c.predicted_step_s)
-        medians = {m: statistics.median(v) for m, v in per_mp.items()}
-        shared = statistics.median(medians.values()) if medians else 0.0
+            r = measured_s[c.key()] / c.predicted_step_s
+            per_mp.setdefault(c.mp_degree, []).append(r)
+            every.append(r)
+
+        def pulled(rs):
+            return 1 + (statistics.median(rs) - 1) * len(rs) / (len(rs) + 2) if rs else 1.0
 
         def corrected_time(c):
-            step = max(c.predicted_step_s + medians.get(c.mp_degree, shared),
-                       MIN_CORRECTED_SHARE * c.predicted_step_s)
-            return c.predicted_time_s * step / c.predicted_step_s
+            return c.predicted_time_s * pulled(per_mp.get(c.mp_degree, every))
 
         corrected = sorted((corrected_time(c), c.key(), c) for c in cands if c not in order)
         covered = {c.mp_degree for c in order}
