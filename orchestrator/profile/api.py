@@ -13,9 +13,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from orchestrator.models import ModelSpec, build
-from orchestrator.profile.costs import (OpCost, StepClock, activation_bytes, measure_op,
-                                        measure_split_costs, op_signature, reference_env,
-                                        step_peak_bytes, time_ops)
+from orchestrator.profile.costs import (SPLIT_MAX_RATIOS, OpCost, StepClock,
+                                        activation_bytes, measure_op, measure_split_costs,
+                                        op_signature, reference_env, step_peak_bytes,
+                                        time_ops)
 from orchestrator.profile.capture import GRANULARITIES, Capture, capture
 from orchestrator.profile.roofline import Efficiency, op_time_s, optimizer_kernels
 from orchestrator.profile.trace import Partition, aten_name
@@ -219,7 +220,7 @@ def _costs(part: Partition, data, *, timed: bool, repeats: int, warmup: int,
     once) and, when `timed`, each op's forward and backward seconds and the split
     step's costs at each of `micro_batches` (micro-batch counts)."""
     env = reference_env(part, data)
-    steps = (2 * warmup + repeats + max(repeats, 10)) if timed else 0
+    steps = (2 * warmup + repeats + max(repeats, SPLIT_MAX_RATIOS)) if timed else 0
     split = None
     with _progress_bar(len(part.ops) + steps, f"profiling {name}", progress) as bar:
         costs: list[OpCost] = []

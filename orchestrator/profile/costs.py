@@ -308,6 +308,17 @@ class SplitCosts:
     time alone."""
 
 
+#: Paired ratios per micro-batch count at least, and at most: past the least, the split
+#: costs stop at `SPLIT_BUDGET_S`. Each repetition times a plain step and, per count K,
+#: a split step alone and beside a neighbour (two of each, the second timed): tiny GNMT's
+#: 12 repetitions took 33 s of its 38 s profile at load 5 on 2 cores, its op times 0.7 s,
+#: and the job profiles twice (the base and the worker batch).
+SPLIT_MIN_RATIOS, SPLIT_MAX_RATIOS = 5, 10
+#: Seconds of split-cost repetitions after which no new one starts once
+#: `SPLIT_MIN_RATIOS` are in.
+SPLIT_BUDGET_S = 4.0
+
+
 def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
                         repeats: int, warmup: int, micro_batches: Sequence[int] = (1,),
                         batched: Sequence[bool] | None = None,
@@ -339,9 +350,10 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
     pair of split steps beside the neighbour, so that all see the same load; only the
     second step of each pair is timed, as a step that follows one of another kind runs
     slower (other threads' memory and caches) than one in a run of its own kind, which
-    is what training does. Each figure is the median of at least 10 paired ratios:
-    one ratio is as noisy as the machine (ratios of two medians moved between 1.0 and
-    1.5 from call to call).
+    is what training does. Each figure is the median of `SPLIT_MIN_RATIOS` to
+    `SPLIT_MAX_RATIOS` paired ratios (or `repeats`, if more), as many as fit
+    `SPLIT_BUDGET_S`: one ratio is as noisy as the machine (ratios of two medians moved
+    between 1.0 and 1.5 from call to call).
 
     On a GPU only the overhead is measured (timed with CUDA events): a worker's GPUs
     are separate chips, which share no cores or caches, so the co-run slowdown is 1."""
@@ -389,7 +401,11 @@ def measure_split_costs(part: Partition, batch: tuple[torch.Tensor, ...], *,
 
     overheads: dict[int, list[float]] = {k: [] for k in micro_batches}
     slowdowns: dict[int, list[float]] = {k: [] for k in micro_batches}
-    for rep in range(warmup + max(repeats, 10)):
+    started = time.perf_counter()
+    for rep in range(warmup + max(repeats, SPLIT_MAX_RATIOS)):
+        if (rep >= warmup + SPLIT_MIN_RATIOS
+                and time.perf_counter() - started > SPLIT_BUDGET_S):
+            break
         plain = timed_pair(plain_step)
         for k in micro_batches:
             split = timed_pair(lambda k=k: executors[k].step(batch, size))
