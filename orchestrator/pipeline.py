@@ -34,7 +34,7 @@ from orchestrator.sweep import (
     set_aside_unrecorded_trials,
     train_config,
 )
-from orchestrator.sweep_trials import trial_records
+from orchestrator.sweep_trials import cores_text, trial_records
 from orchestrator.train.cluster import ray_cluster
 from orchestrator.train.resources import (JobDevices, decide_devices, load_node_types,
                                           profile_on_gpu_worker)
@@ -140,7 +140,7 @@ def trial_status(t: dict) -> str:
             f"({t['step_source']} {t['model_step_s'] * 1e3:.1f} ms "
             f"{t['overhead_s'] * 1e3:+.1f} ms, from "
             f"{t['correction_from']}), measured {t['measured_step_s'] * 1e3:.1f} ms "
-            f"({t['error']:+.0%})")
+            f"({t['error']:+.0%}{'; ' * bool(cores_text(t))}{cores_text(t)})")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,9 +37,20 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),
         "breakdown_s": {p: float(metrics.get(f"time_{p}_s", math.nan)) for p in PARTS},
+        "cores_used": metrics.get("cores_used"), "predicted_cores": c.predicted_cores,
         "loss": float(metrics["loss"]), "noise_scale": metrics.get("noise_scale"),
         "steps": int(metrics["step"]),
     }
+
+
+def cores_text(t: dict) -> str:
+    """The cores a trial's worker kept busy against its timing's, in words ("" where
+    either is unknown): on a host whose cores are the devices, a trial that got fewer
+    than its timing shared them with other processes."""
+    used, timed = t.get("cores_used"), t.get("predicted_cores")
+    if used is None or timed is None:
+        return ""
+    return f"{used:.2f} cores busy, timed at {timed:.2f}"
 
 
 def trial_records(grid: Iterable) -> list[dict]:

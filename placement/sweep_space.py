@@ -45,6 +45,8 @@ class Candidate:
     backward) and optimizer, in seconds."""
     step_source: str = MODELLED
     """What `predicted_step_s` is made of: `MODELLED` or `TIMED`."""
+    predicted_cores: float | None = None
+    """The cores the timed worker kept busy at this worker batch (`TIMED` only)."""
 
     @property
     def mp_degree(self) -> int:
@@ -100,6 +102,7 @@ def _candidate(p: Projection, timed: TimedStep | None, base_batch: int,
                base_lr: float) -> Candidate:
     """A scanned point with its prediction: the timed step at its worker batch (its
     allreduce timed too), or the scaling model's step where `timed` is None."""
+    cores = None
     if timed is None:
         parts, source = {"compute": p.compute_s, "allreduce": p.exposed_allreduce_s,
                          "optimizer": p.optimizer_s}, MODELLED
@@ -109,11 +112,12 @@ def _candidate(p: Projection, timed: TimedStep | None, base_batch: int,
         parts, source = {"compute": timed.compute_at(batch),
                          "allreduce": timed.allreduce_at(batch),
                          "optimizer": timed.optimizer_s}, TIMED
+        cores = timed.cores_at(batch)
     step = sum(parts.values())
     gb = int(p.config.global_batch)
     return Candidate(config=p.config, lr=linear_lr(base_lr, base_batch, gb),
                      predicted_step_s=step, predicted_time_s=time_to_accuracy_s(p.steps, step),
-                     predicted_parts_s=parts, step_source=source)
+                     predicted_parts_s=parts, step_source=source, predicted_cores=cores)
 
 
 def scanned_worker_batches(step_models: Mapping[int, StepModel], cluster: ClusterSpec, *,

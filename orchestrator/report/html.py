@@ -24,7 +24,7 @@ from orchestrator.report.trial_plots import (  # noqa: E402
     save_losses,
     save_predicted_vs_measured,
 )
-from orchestrator.sweep_trials import CALIBRATED_TOLERANCE  # noqa: E402
+from orchestrator.sweep_trials import CALIBRATED_TOLERANCE, cores_text  # noqa: E402
 from orchestrator.train.step_breakdown import PARTS  # noqa: E402
 from placement.plan import Plan  # noqa: E402
 from placement.scaling.crossover import CrossoverResult  # noqa: E402
@@ -80,7 +80,8 @@ def _trial_row(t: dict) -> str:
             f"<td>{t['model_step_s'] * 1e3:.2f}</td>"
             f"<td>{t['overhead_s'] * 1e3:+.2f} ({html.escape(t['correction_from'])})</td>"
             f"<td>{t['predicted_step_s'] * 1e3:.2f}</td><td>{t['measured_step_s'] * 1e3:.2f}</td>"
-            f"<td>{t['error']:+.1%}{mark}</td><td>{parts}</td>"
+            f"<td>{t['error']:+.1%}{mark}</td><td>{html.escape(cores_text(t)) or '-'}</td>"
+            f"<td>{parts}</td>"
             f"<td>{t['projected_time_s']:.4g}</td><td>{t['loss']:.4f}</td>"
             f"<td>{_noise(t['noise_scale'])}</td><td>{t['steps']}</td></tr>")
 
@@ -133,12 +134,17 @@ Final run: loss {losses[0]:.3f} at its first step, {losses[-1]:.3f} at its last.
 Correction learned (measured step = the uncorrected x a ratio per mp_degree, the trials'
 median ratio shrunk towards 1 as if {PRIOR_TRIALS} more trials had measured the timed step):
 {html.escape(learned_correction(rows))}. A trial ranked with the ratio of its own mp_degree
-must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).</p>
+must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).
+Cores: how many of the host's cores the trial's worker kept busy from the end of its data
+to the end of its update (its process's CPU seconds per wall second, medians), against its
+timing's at the same worker batch; where the devices are the host's cores, a trial that got
+fewer shared them with other processes while it ran.</p>
 <h2>Plots</h2>{figures}
 <h2>Trials, in the order the sweep ran them</h2>
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
 <th>uncorrected step (ms)</th><th>correction (ms)</th><th>ranked step (ms)</th>
-<th>measured step (ms)</th><th>error</th><th>{' / '.join(PARTS)} (ms)</th>
+<th>measured step (ms)</th><th>error</th><th>cores (trial, timing)</th>
+<th>{' / '.join(PARTS)} (ms)</th>
 <th>projected time (s)</th><th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
 <h2>Plans (one worker per mp_degree)</h2>
 <table><tr><th>mp</th><th>micro-batches</th><th>made by</th><th>status</th>

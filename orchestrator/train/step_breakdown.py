@@ -8,7 +8,13 @@ charged with all of the devices' compute and allreduce. So on CUDA devices each 
 also records an event on every device's current stream (the executor's and NCCL's
 streams are ordered before it), and a part ends when the host and every device have
 finished it: the latest of the host's mark and each device's event, read once the step
-is done (the events are complete by then, so reading them costs no extra wait)."""
+is done (the events are complete by then, so reading them costs no extra wait).
+
+Each step also says how many of the host's cores its process kept busy from the end of
+its data to the end of its optimizer (the span the scaling model and the timing before
+the sweep predict): process CPU seconds, every thread's, per wall second. On a host
+whose cores are the devices, a trial that got fewer cores than its timing did was slowed
+by other processes, and this is the measure that shows it."""
 
 from __future__ import annotations
 
@@ -69,21 +75,28 @@ class StepClock:
     `elapsed_s`), a part ends when the host and every device have finished it."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
-                 device_timer: CudaEvents | None = None) -> None:
+                 device_timer: CudaEvents | None = None,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
         self.clock = clock
         self.device_timer = device_timer
+        self.cpu_clock = cpu_clock
         self.steps: list[dict[str, float]] = []
+        self.cores: list[float] = []
+        """Per finished step with a data and an optimizer mark: cores busy between them."""
         self._previous_end: float | None = None
         self._started = 0.0  # where the step under way began: the previous one's end
         self._start = 0.0  # the host's time when the device timer's start was recorded
         self._start_events = None
         # (part, host time, device events) of each mark of the step under way.
         self._marks: list[tuple[str, float, object]] = []
+        # (host time, process CPU time) at the marks that bound the modelled span.
+        self._span: dict[str, tuple[float, float]] = {}
 
     def start(self) -> None:
         now = self.clock()
         # The loop between the previous step's end and this one counts as idle.
         self._marks = [] if self._previous_end is None else [("idle", now, None)]
+        self._span = {}
         self._started = self._previous_end if self._previous_end is not None else now
         self._start = now
         self._start_events = self.device_timer.record() if self.device_timer else None
@@ -93,6 +106,8 @@ class StepClock:
         now = self.clock()
         events = self.device_timer.record() if self.device_timer else None
         self._marks.append((part, now, events))
+        if part in ("data", "optimizer"):
+            self._span[part] = (now, self.cpu_clock())
 
     def _ends(self) -> list[tuple[str, float]]:
         """Each mark's part and the time it ended: the host's mark, or later where a
@@ -119,6 +134,10 @@ class StepClock:
         parts = {p: measured.get(p, 0.0) for p in PARTS}
         self.steps.append(parts)
         self._previous_end = end
+        if {"data", "optimizer"} <= self._span.keys():
+            (wall0, cpu0), (wall1, cpu1) = self._span["data"], self._span["optimizer"]
+            if wall1 > wall0:
+                self.cores.append((cpu1 - cpu0) / (wall1 - wall0))
         return parts
 
     def current_modelled_s(self) -> float:
@@ -128,10 +147,14 @@ class StepClock:
 
     def medians(self) -> dict[str, float]:
         """Median seconds of each part, and of the modelled step, over the steps after
-        the warm-up (all of them while there are no others)."""
+        the warm-up (all of them while there are no others), and the median cores busy
+        (`cores_used`) over the same steps."""
         steps = self.steps[WARMUP_STEPS:] or self.steps
         if not steps:
             return {}
         out = {f"time_{p}_s": statistics.median(s[p] for s in steps) for p in PARTS}
         out["measured_step_s"] = statistics.median(sum(s[p] for p in MODELLED) for s in steps)
+        cores = self.cores[WARMUP_STEPS:] or self.cores
+        if cores:
+            out["cores_used"] = statistics.median(cores)
         return out

@@ -42,8 +42,9 @@ POLL_S = 0.05
 #: Where rank 0 of the side-by-side workers leaves its samples.
 SAMPLES_FILE = "samples.json"
 
-#: The (compute, allreduce, optimizer) seconds of one step.
-StepParts = tuple[float, float, float]
+#: The (compute, allreduce, optimizer) seconds of one step, and the process CPU seconds
+#: (every thread's) it took.
+StepParts = tuple[float, float, float, float]
 
 
 @contextmanager
@@ -62,6 +63,7 @@ def _step(planned: PlannedModel, sync: DDPSync | GradientSync,
     """One step, cut where the worker's StepClock cuts it: zero_grad and the executor's
     step (launching each device's allreduce as its backward ends), the wait for the
     allreduce, then the update."""
+    cpu = time.process_time()
     started = clock()
     optimizer.zero_grad(set_to_none=True)
     planned.executor.step(batch, batch_size, on_device_done=sync.launch)
@@ -69,7 +71,7 @@ def _step(planned: PlannedModel, sync: DDPSync | GradientSync,
     sync.finish()
     synced = clock()
     optimizer.step()
-    return computed - started, synced - computed, clock() - synced
+    return computed - started, synced - computed, clock() - synced, time.process_time() - cpu
 
 
 def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],

@@ -48,6 +48,10 @@ class TimedStep:
     """Median optimizer update, over every timed step (it does not see the batch)."""
     rounds: int
     """Timed steps at each batch."""
+    cores_used: tuple[float, ...] | None = None
+    """Median cores the timed worker kept busy at each of `batches` (its process's CPU
+    seconds per wall second of compute + allreduce + optimizer); None in timings saved
+    before it was measured."""
 
     def __post_init__(self) -> None:
         if not self.batches or not (len(self.batches) == len(self.compute_s)
@@ -76,6 +80,9 @@ class TimedStep:
     def allreduce_at(self, batch: float) -> float:
         return self._at(batch, self.allreduce_s)
 
+    def cores_at(self, batch: float) -> float | None:
+        return None if self.cores_used is None else self._at(batch, self.cores_used)
+
     def step_s(self, batch: float) -> float:
         """compute + allreduce + optimizer at `batch`: the worker's measured step."""
         return self.compute_at(batch) + self.allreduce_at(batch) + self.optimizer_s
@@ -84,21 +91,23 @@ class TimedStep:
         return {"mp_degree": self.mp_degree, "dp_degree": self.dp_degree,
                 "num_micro_batches": self.num_micro_batches, "batches": list(self.batches),
                 "compute_s": list(self.compute_s), "allreduce_s": list(self.allreduce_s),
-                "optimizer_s": self.optimizer_s, "rounds": self.rounds}
+                "optimizer_s": self.optimizer_s, "rounds": self.rounds,
+                "cores_used": None if self.cores_used is None else list(self.cores_used)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimedStep:
         return cls(mp_degree=d["mp_degree"], dp_degree=d["dp_degree"],
                    num_micro_batches=d["num_micro_batches"], batches=tuple(d["batches"]),
                    compute_s=tuple(d["compute_s"]), allreduce_s=tuple(d["allreduce_s"]),
-                   optimizer_s=d["optimizer_s"], rounds=d["rounds"])
+                   optimizer_s=d["optimizer_s"], rounds=d["rounds"],
+                   cores_used=None if d.get("cores_used") is None else tuple(d["cores_used"]))
 
 
 def timed_step(mp_degree: int, dp_degree: int, num_micro_batches: int,
-               samples: Mapping[float, Sequence[tuple[float, float, float]]]) -> TimedStep:
-    """The TimedStep of `samples`: per worker batch, the (compute, allreduce, optimizer)
-    seconds of each timed step. Medians, so that one step hit by another process's burst
-    does not move the figure."""
+               samples: Mapping[float, Sequence[tuple[float, float, float, float]]]) -> TimedStep:
+    """The TimedStep of `samples`: per worker batch, the (compute, allreduce, optimizer,
+    process CPU) seconds of each timed step. Medians, so that one step hit by another
+    process's burst does not move the figure."""
     if not samples or len({len(s) for s in samples.values()}) != 1 or not min(
             len(s) for s in samples.values()):
         raise ValueError(f"samples of mp {mp_degree}: every batch needs the same number "
@@ -107,7 +116,9 @@ def timed_step(mp_degree: int, dp_degree: int, num_micro_batches: int,
     return TimedStep(
         mp_degree=mp_degree, dp_degree=dp_degree, num_micro_batches=num_micro_batches,
         batches=batches,
-        compute_s=tuple(statistics.median(c for c, _, _ in samples[b]) for b in batches),
-        allreduce_s=tuple(statistics.median(a for _, a, _ in samples[b]) for b in batches),
-        optimizer_s=statistics.median(o for b in batches for _, _, o in samples[b]),
-        rounds=len(samples[batches[0]]))
+        compute_s=tuple(statistics.median(c for c, _, _, _ in samples[b]) for b in batches),
+        allreduce_s=tuple(statistics.median(a for _, a, _, _ in samples[b]) for b in batches),
+        optimizer_s=statistics.median(o for b in batches for _, _, o, _ in samples[b]),
+        rounds=len(samples[batches[0]]),
+        cores_used=tuple(statistics.median(cpu / (c + a + o) for c, a, o, cpu in samples[b])
+                         for b in batches))

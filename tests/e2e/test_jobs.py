@@ -176,6 +176,8 @@ def assert_every_mp_degree_ranked(winner: dict) -> None:
         assert t["step_source"] == TIMED, t
         assert t["measured_step_s"] > 0 and t["predicted_step_s"] > 0, t
         assert t["error"] == pytest.approx(t["measured_step_s"] / t["predicted_step_s"] - 1)
+        # The cores the trial's worker and its timing kept busy: what explains a miss.
+        assert t["cores_used"] > 0 and t["predicted_cores"] > 0, t
 
 
 def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):

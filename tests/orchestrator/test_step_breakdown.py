@@ -45,7 +45,10 @@ def test_each_steps_parts_sum_to_its_wall_time(ticks):
 
 def test_medians_leave_out_the_warm_up_and_name_each_part():
     clock = FakeClock([0, 0.5, 0.1, 0.2, 0.3, 0.0, 0.0] + [0, 0.01, 0.1, 0.0, 0.01, 0.0, 0.0] * 3)
-    steps = StepClock(clock)
+    # Process CPU read at the data and the optimizer marks: 0.3 s over the first step's
+    # 0.6 s from data to optimizer, then 0.165, 0.22 and 0.165 s over 0.11 s.
+    cpu = FakeClock([0, 0.3, 0, 0.165, 0, 0.22, 0, 0.165])
+    steps = StepClock(clock, cpu_clock=cpu)
     for _ in range(4):
         steps.start()
         for part in ("data", "compute", "allreduce", "optimizer", "idle", "reporting"):
@@ -55,7 +58,9 @@ def test_medians_leave_out_the_warm_up_and_name_each_part():
     assert WARMUP_STEPS == 1
     assert medians["time_compute_s"] == pytest.approx(0.1)  # not the first step's 0.1+0.2
     assert medians["measured_step_s"] == pytest.approx(0.1 + 0.0 + 0.01)
-    assert set(medians) == {f"time_{p}_s" for p in PARTS} | {"measured_step_s"}
+    assert set(medians) == {f"time_{p}_s" for p in PARTS} | {"measured_step_s", "cores_used"}
+    assert steps.cores == pytest.approx([0.5, 1.5, 2.0, 1.5])
+    assert medians["cores_used"] == pytest.approx(1.5)  # not the warm-up's half a core
     assert set(MODELLED) <= set(PARTS)
 
 

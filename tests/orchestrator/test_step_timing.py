@@ -36,6 +36,8 @@ def test_a_plans_step_is_timed_at_every_batch_and_grows_with_it(biglstm_plan):
     # BigLSTM's step is mostly per-micro-batch fixed cost (20 and 26 ms on a quiet run).
     assert t.compute_s[1] > t.compute_s[0]
     assert 0 < t.optimizer_s < t.compute_s[0]
+    # Two device threads and the one that drives them: busy cores of a real step.
+    assert all(0 < c <= 3 for c in t.cores_used), t.cores_used
 
 
 def test_the_rounds_stop_at_the_budget_and_the_parts_are_cut_like_the_workers():

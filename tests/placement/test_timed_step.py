@@ -49,19 +49,27 @@ def test_bad_timings_are_refused():
     with pytest.raises(ValueError, match=">= 0"):
         line(allreduce=(0.001, -0.001, 0.001))
     with pytest.raises(ValueError, match="same number"):
-        timed_step(1, 1, 1, {8: [(0.01, 0.0, 0.001)], 16: []})
+        timed_step(1, 1, 1, {8: [(0.01, 0.0, 0.001, 0.011)], 16: []})
 
 
 def test_medians_of_the_rounds_hand_computed():
-    # Round 2 hit a neighbour's burst at both batches: the medians leave it out.
-    samples = {16: [(0.010, 0.003, 0.001), (0.050, 0.020, 0.009), (0.012, 0.002, 0.002)],
-               8: [(0.008, 0.001, 0.001), (0.030, 0.010, 0.001), (0.009, 0.002, 0.003)]}
+    # Round 2 hit a neighbour's burst at both batches: the medians leave it out, and its
+    # steps got half a core where the others got one to two.
+    samples = {16: [(0.010, 0.003, 0.001, 0.028), (0.050, 0.020, 0.009, 0.0395),
+                    (0.012, 0.002, 0.002, 0.016)],
+               8: [(0.008, 0.001, 0.001, 0.015), (0.030, 0.010, 0.001, 0.0205),
+                   (0.009, 0.002, 0.003, 0.021)]}
     t = timed_step(2, 3, 4, samples)
     assert t.batches == (8, 16)
     assert t.compute_s == (0.009, 0.012)
     assert t.allreduce_s == (0.002, 0.003)
     assert t.optimizer_s == 0.0015  # median of all six updates
     assert (t.rounds, t.mp_degree, t.dp_degree, t.num_micro_batches) == (3, 2, 3, 4)
+    assert t.cores_used == pytest.approx((1.5, 1.0))  # medians of (1.5, 0.5, 1.5), (2, .5, 1)
+    assert t.cores_at(12) == pytest.approx(1.25)
+    assert TimedStep.from_dict(t.to_dict()) == t
+    saved_before = {k: v for k, v in t.to_dict().items() if k != "cores_used"}
+    assert TimedStep.from_dict(saved_before).cores_at(12) is None
 
 
 @settings(deadline=None, max_examples=50)
