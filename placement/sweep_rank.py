@@ -11,10 +11,12 @@ overhead), and it changes from one trial to the next. Recorded on this machine (
 calibrated trials of demos and e2e runs, docs/benchmarks.md "Sweep"): a trial measured
 -39% to +58% against its timing, the first trial of an mp_degree told little of its
 second, and taking the first trial's full miss as the correction put 3 of the 14 within
-15% where the timing alone put 9. So the timing counts as `PRIOR_TRIALS` trials that
+15% where the timing alone put 7. So the timing counts as `PRIOR_TRIALS` trials that
 measured exactly it: with n trials of an mp_degree whose median ratio is r, the
 correction is 1 + (r - 1) n / (n + PRIOR_TRIALS). One trial moves the prediction by a
 third of its miss; a difference the trials keep repeating takes over as they add up.
+Replayed on the same 14 trials, this puts 7 within 15%: no worse than the timing alone,
+where the full overhead did harm.
 An mp_degree not measured yet takes the median ratio of all trials (the host's load is
 shared), shrunk the same way by their number."""
 
