@@ -11,14 +11,18 @@ any plan
     step >= OPT_0 - p(a_1) + sum_i (OPT_i - p(a_(i+1))) + OPT_m,
 
 where OPT_i is the least step time of block i alone on the same devices (block 0: a_1
-and its ancestors; block m: a_m and its descendants): a plan of the whole graph, cut down to a block's tasks, is a
-plan of the block (other tasks only take device time, inputs from before a_i only add
-waits, and the memory cap only removes plans). The window and join bounds
+and its ancestors; block m: a_m and its descendants): a plan of the whole graph, cut
+down to a block's tasks, is a plan of the block (other tasks only take device time,
+inputs from before a_i only add waits, and the memory cap only removes plans). Each
+term is also a valid inequality of the step-time MILP (`BlockBound.spans`), which its
+LP relaxation misses. The window and join bounds
 (`placement.step_bound`) see each block's critical path and how its joins serialize or
 pay a transfer one input at a time; OPT_i sees the whole trade inside a module: a side
 branch on the critical branch's device queues behind it, and one elsewhere pays the
 transfer out of the fork *and* back into the join. On Inception-V3 on two V100s the
-blocks' sum is 204.5 ms where the window bound is 192.2.
+blocks' sum is 204.5 ms where the window bound is 192.2; on GNMT the loss forward
+and backward cut the step into the forward and backward passes, whose window bounds
+add up to more than the whole step's.
 
 Each block's OPT_i is bounded by the step-time MILP on the block alone
 (`placement.milp.makespan.block_round`; small: Inception's blocks have 2-44 tasks): the
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,16 +83,24 @@ def sub_graph(tg: TaskGraph, tasks: list[int]) -> TaskGraph:
         num_micro_batches=1)
 
 
+@dataclass(frozen=True)
+class BlockBound:
+    value: float
+    """The blocks' sum; -inf when the graph has no articulation task."""
+    spans: tuple[tuple[int, int, float], ...]
+    """(a, b, s): in every plan, start(b) - start(a) >= s; a = -1 measures from time 0,
+    b = -1 to the end of the step. Valid inequalities for the step-time MILP."""
+
+
 def block_bound(tg: TaskGraph, num_devices: int,
-                block_optimum: Callable[[TaskGraph, float], float]) -> float:
-    """The blocks' sum (see the module docstring), -inf when the graph has no
-    articulation task. `block_optimum(block, lower)` gives a proven lower bound
-    on a block's least step time from a known one (`lower`, its window bound); it is
-    called smallest block first, once per distinct block, and may return `lower`
-    (when out of time, say)."""
+                block_optimum: Callable[[TaskGraph, float], float]) -> BlockBound:
+    """The blocks' sum (see the module docstring). `block_optimum(block, lower)` gives
+    a proven lower bound on a block's least step time from a known one (`lower`, its
+    window bound); it is called smallest block first, once per distinct block, and
+    may return `lower` (when out of time, say)."""
     parts = blocks(tg)
     if not parts:
-        return -math.inf
+        return BlockBound(-math.inf, ())
     subs = [sub_graph(tg, ts) for ts in parts]
     lower = [step_time_bound(s, num_devices) for s in subs]
     solved: dict[bytes, float] = {}
@@ -96,9 +109,13 @@ def block_bound(tg: TaskGraph, num_devices: int,
         if key not in solved:
             solved[key] = block_optimum(subs[i], lower[i])
         lower[i] = max(lower[i], solved[key])
-    # Each part but the last ends where the next starts: count that task in the next.
+    # Each part but the last ends where the next starts: that task's own time is in
+    # the next part's span.
     dur = tg.duration_s
-    return float(sum(lower) - sum(dur[ts[-1]] for ts in parts[:-1]))
+    spans = tuple((ts[0] if i else -1, ts[-1] if i < len(parts) - 1 else -1,
+                   float(lb - dur[ts[-1]] if i < len(parts) - 1 else lb))
+                  for i, (lb, ts) in enumerate(zip(lower, parts)))
+    return BlockBound(float(sum(s for _, _, s in spans)), spans)
 
 
 def _signature(s: TaskGraph) -> bytes:
