@@ -97,8 +97,7 @@ class BlockBound:
     value: float
     """The blocks' sum; -inf when the graph has no articulation task."""
     spans: tuple[Span, ...]
-    """Valid inequalities for the step-time MILP: one per block, then one per pair of
-    blocks bounded together where that gained."""
+    """Valid inequalities for the step-time MILP; each block is in one of them."""
 
 
 def block_bound(tg: TaskGraph, num_devices: int,
@@ -129,17 +128,15 @@ def block_bound(tg: TaskGraph, num_devices: int,
     last = len(parts) - 1
     own = [float(dur[ts[-1]]) if i < last else 0.0 for i, ts in enumerate(parts)]
     ends = [(ts[0] if i else -1, ts[-1] if i < last else -1) for i, ts in enumerate(parts)]
-    single = [((ends[i],), lower[i] - own[i]) for i in range(len(parts))]
-    value = sum(s for _, s in single)
-    together = []
+    spans = {i: ((ends[i],), lower[i] - own[i]) for i in range(len(parts))}
     for i, j in _sharing(tg, parts):
         pair = joined(tg, parts[i], parts[j])
         both = optimum(pair, max(lower[i] + lower[j], step_time_bound(pair, num_devices)))
         if both > lower[i] + lower[j]:
-            together.append(((ends[i], ends[j]), both - own[i] - own[j]))
-            value += both - lower[i] - lower[j]
-    # The single spans stay too: the model's relaxation needs each block's own.
-    return BlockBound(float(value), tuple(single + together))
+            del spans[j]
+            spans[i] = ((ends[i], ends[j]), both - own[i] - own[j])
+    kept = tuple(spans[i] for i in sorted(spans))
+    return BlockBound(float(sum(s for _, s in kept)), kept)
 
 
 def _sharing(tg: TaskGraph, parts: list[list[int]]) -> list[tuple[int, int]]:
