@@ -20,22 +20,18 @@ LP relaxation misses. The window and join bounds
 pay a transfer one input at a time; OPT_i sees the whole trade inside a module: a side
 branch on the critical branch's device queues behind it, and one elsewhere pays the
 transfer out of the fork *and* back into the join. On Inception-V3 on two V100s the
-blocks' sum is 205.8 ms where the window bound is 192.2; on GNMT the loss forward
+blocks' sum is 204.5 ms where the window bound is 192.2; on GNMT the loss forward
 and backward cut the step into the forward and backward passes, whose window bounds
 add up to more than the whole step's.
 
 Each block's OPT_i is bounded by the step-time MILP on the block alone
 (`placement.milp.makespan.block_round`; small: Inception's blocks have 2-44 tasks): the
 solver's proven bound when it stops, the block's own window bound before or without
-it. Identical blocks (repeated modules) are solved once. A module's forward and
-backward blocks share its placement groups, so their two terms are bounded together
-too: the MILP on both blocks chained by an edge of no transfer, whose least step time
-is the least sum of the two over the placements they share (`joined`).
+it. Identical blocks (repeated modules) are solved once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,82 +83,39 @@ def sub_graph(tg: TaskGraph, tasks: list[int]) -> TaskGraph:
         num_micro_batches=1)
 
 
-Span = tuple[tuple[tuple[int, int], ...], float]
-"""((a, b), ...), s: in every plan the sum of start(b) - start(a) over the pairs is at
-least s; a = -1 measures from time 0, b = -1 to the end of the step."""
-
-
 @dataclass(frozen=True)
 class BlockBound:
     value: float
     """The blocks' sum; -inf when the graph has no articulation task."""
-    spans: tuple[Span, ...]
-    """Valid inequalities for the step-time MILP; each block is in one of them."""
+    spans: tuple[tuple[int, int, float], ...]
+    """(a, b, s): in every plan, start(b) - start(a) >= s; a = -1 measures from time 0,
+    b = -1 to the end of the step. Valid inequalities for the step-time MILP."""
 
 
 def block_bound(tg: TaskGraph, num_devices: int,
                 block_optimum: Callable[[TaskGraph, float], float]) -> BlockBound:
     """The blocks' sum (see the module docstring). `block_optimum(block, lower)` gives
     a proven lower bound on a block's least step time from a known one (`lower`, its
-    window bound); it is called smallest block first, once per distinct block, then
-    on the pairs of blocks that share a placement group (`joined`), and may return
-    `lower` (when out of time, say)."""
+    window bound); it is called smallest block first, once per distinct block, and
+    may return `lower` (when out of time, say)."""
     parts = blocks(tg)
     if not parts:
         return BlockBound(-math.inf, ())
-    solved: dict[bytes, float] = {}
-
-    def optimum(s: TaskGraph, lower: float) -> float:
-        key = _signature(s)
-        if key not in solved:
-            solved[key] = block_optimum(s, lower)
-        return max(lower, solved[key])
-
     subs = [sub_graph(tg, ts) for ts in parts]
     lower = [step_time_bound(s, num_devices) for s in subs]
+    solved: dict[bytes, float] = {}
     for i in sorted(range(len(subs)), key=lambda i: subs[i].num_tasks):
-        lower[i] = optimum(subs[i], lower[i])
+        key = _signature(subs[i])
+        if key not in solved:
+            solved[key] = block_optimum(subs[i], lower[i])
+        lower[i] = max(lower[i], solved[key])
     # Each part but the last ends where the next starts: that task's own time is in
     # the next part's span.
     dur = tg.duration_s
-    last = len(parts) - 1
-    own = [float(dur[ts[-1]]) if i < last else 0.0 for i, ts in enumerate(parts)]
-    ends = [(ts[0] if i else -1, ts[-1] if i < last else -1) for i, ts in enumerate(parts)]
-    spans = {i: ((ends[i],), lower[i] - own[i]) for i in range(len(parts))}
-    for i, j in _sharing(tg, parts):
-        pair = joined(tg, parts[i], parts[j])
-        both = optimum(pair, max(lower[i] + lower[j], step_time_bound(pair, num_devices)))
-        if both > lower[i] + lower[j]:
-            del spans[j]
-            spans[i] = ((ends[i], ends[j]), both - own[i] - own[j])
-    kept = tuple(spans[i] for i in sorted(spans))
-    return BlockBound(float(sum(s for _, s in kept)), kept)
-
-
-def _sharing(tg: TaskGraph, parts: list[list[int]]) -> list[tuple[int, int]]:
-    """Disjoint pairs (i, j), i < j, of parts whose inner tasks share a placement group
-    (a module's forward and its backward), smaller pairs first."""
-    inner = [set(tg.group[ts[1:-1]].tolist()) for ts in parts]
-    pairs, used = [], set()
-    for i in range(len(parts)):
-        for j in range(i + 1, len(parts)):
-            if (i not in used and j not in used and inner[i] & inner[j]
-                    and set(parts[i]).isdisjoint(parts[j])):
-                pairs.append((i, j))
-                used |= {i, j}
-    return sorted(pairs, key=lambda p: len(parts[p[0]]) + len(parts[p[1]]))
-
-
-def joined(tg: TaskGraph, first: list[int], second: list[int]) -> TaskGraph:
-    """The task graph of two disjoint blocks with an edge of no transfer from the first
-    one's last task to the second one's first: its least step time is the least, over
-    the placements of both, of the sum of their step times, which the groups they share
-    tie together."""
-    s = sub_graph(tg, first + second)
-    return dataclasses.replace(
-        s, edge_src=np.append(s.edge_src, len(first) - 1),
-        edge_dst=np.append(s.edge_dst, len(first)),
-        edge_transfer_s=np.append(s.edge_transfer_s, 0.0))
+    spans = tuple((ts[0] if i else -1, ts[-1] if i < len(parts) - 1 else -1,
+                   float(lb - dur[ts[-1]] if i < len(parts) - 1 else lb))
+                  for i, (lb, ts) in enumerate(zip(lower, parts)))
+    return BlockBound(float(sum(s for _, _, s in spans)), spans)
 
 
 def _signature(s: TaskGraph) -> bytes:

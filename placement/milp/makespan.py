@@ -46,7 +46,7 @@ import pyomo.environ as pyo
 from placement import heuristics
 from placement.coarsen import chain_clusters, contract, interval_clusters
 from placement.milp.backends import Backend, SolveOptions
-from placement.milp.block_bound import BlockBound, Span, block_bound
+from placement.milp.block_bound import BlockBound, block_bound
 from placement.milp.incumbent import (
     Incumbent,
     believable,
@@ -113,8 +113,8 @@ class MakespanData:
     head: np.ndarray
     tail: np.ndarray
     pairs: tuple[tuple[int, int], ...]
-    spans: tuple[Span, ...]
-    """Valid inequalities on the start times (`BlockBound.spans`)."""
+    spans: tuple[tuple[int, int, float], ...]
+    """Valid inequalities start(b) - start(a) >= s (`BlockBound.spans`)."""
     scale: float
     """Model time unit in the graph's unit: the model sees times / scale, about 1000
     for the horizon, so that solver tolerances (~1e-6 absolute) stay negligible."""
@@ -123,7 +123,7 @@ class MakespanData:
 def makespan_data(tg: TaskGraph, unit_of_group: np.ndarray, num_devices: int,
                   unit_memory: np.ndarray, memory_cap: float, upper_bound: float,
                   lower_bound: float, *, same_unit_only: bool = False,
-                  spans: tuple[Span, ...] = ()) -> MakespanData:
+                  spans: tuple[tuple[int, int, float], ...] = ()) -> MakespanData:
     """`same_unit_only` keeps the order decisions within a unit: for a model whose
     units are devices pinned apart (`order_round`); `spans` are valid inequalities
     on `tg`'s start times (`BlockBound.spans`)."""
@@ -255,14 +255,12 @@ def build_makespan(data: MakespanData) -> pyo.ConcreteModel:
         return m.C >= sum(float(unit_work[u]) * m.x[u, d] for u in m.U)
     m.busy = pyo.Constraint(m.D, rule=busy_rule)
 
-    # Valid inequalities: sum of S[b] - S[a] >= s (from time 0 for a = -1, to C for
-    # b = -1).
+    # Valid inequalities: S[b] - S[a] >= s (from time 0 for a = -1, to C for b = -1).
     m.W = pyo.Set(initialize=range(len(data.spans)), doc="spans between articulation tasks")
 
     def span_rule(m, w):
-        ends, span = data.spans[w]
-        return sum((m.C if b < 0 else m.S[b]) - (m.S[a] if a >= 0 else 0)
-                   for a, b in ends) >= span / sc
+        a, b, span = data.spans[w]
+        return ((m.C if b < 0 else m.S[b]) - (m.S[a] if a >= 0 else 0)) >= span / sc
     m.span = pyo.Constraint(m.W, rule=span_rule)
 
     add_memory_and_symmetry(m)
@@ -641,7 +639,7 @@ def _cluster_memory(problem: Problem, clusters: list[list[int]]) -> np.ndarray:
 def _makespan_round(problem: Problem, backend: Backend, incumbent: Incumbent,
                     ctg: TaskGraph, members: list[list[int]], unit_of_group: np.ndarray,
                     clusters: list[list[int]] | None, label: str,
-                    deadline: float, spans: tuple[Span, ...] = ()
+                    deadline: float, spans: tuple[tuple[int, int, float], ...] = ()
                     ) -> tuple[float, str]:
     """One MILP on `ctg` (the fine graph when `clusters` is None, which alone gets
     the valid inequalities `spans`); returns its fine bound (-inf for a coarse model)
