@@ -3,6 +3,7 @@
     python -m benchmarks.milp [--exact] [--peer] [--step] [--scaling] [--presets]
         [--solvers highs,cbc,glpk] [--time-limit 60] [--graphs N] [--devices 2,4,8]
         [--objectives max-load,makespan] [--models biglstm,gnmt,inception_v3]
+        [--configs 2x1,2x4,4x1,4x4]
 
 No flag runs all five tables (long: over an hour on a 2-core machine).
 """
@@ -116,7 +117,7 @@ JOB_MODELS = ("biglstm", "gnmt", "inception_v3")
 PRESET_CONFIGS = ((2, 1), (2, 4), (4, 1), (4, 4))
 
 
-def presets(time_limit: float, models) -> None:
+def presets(time_limit: float, models, configs=PRESET_CONFIGS) -> None:
     """Step time on the paper presets of the job models (profiled for V100s on the meta
     device, as `orchestrator profile --preset paper --target v100` does), by the
     planning policy ('auto' = HiGHS) against HEFT; the solver column says who made the
@@ -132,7 +133,7 @@ def presets(time_limit: float, models) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in models:
         graph = profile_model(model, preset="paper", target="v100")
-        for k, micro in PRESET_CONFIGS:
+        for k, micro in configs:
             p = make_problem(graph, CLUSTER, PlanConfig(
                 num_devices=k, num_micro_batches=micro, time_limit_s=time_limit))
             heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--presets", action="store_true",
                     help="step time on the job models' paper presets (needs torch)")
     ap.add_argument("--models", default=",".join(JOB_MODELS), help="models for --presets")
+    ap.add_argument("--configs", default=",".join(f"{k}x{m}" for k, m in PRESET_CONFIGS),
+                    help="devices x micro-batches for --presets")
     ap.add_argument("--objectives", default="max-load,makespan",
                     help="objectives for --scaling")
     ap.add_argument("--solvers", default="highs,cbc,glpk")
@@ -208,6 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="50,100,200,500,1000,2000")
     ap.add_argument("--only", default="", help="peer graphs whose name contains this")
     args = ap.parse_args(argv)
+    try:
+        configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    except ValueError:
+        ap.error(f"--configs {args.configs}: give devices x micro-batches, e.g. 2x1,4x4")
+    if any(len(c) != 2 or min(c) < 1 for c in configs):
+        ap.error(f"--configs {args.configs}: give devices x micro-batches, e.g. 2x1,4x4")
     solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
     graphs = [g for g in TRAINING if args.only in g]
     everything = not (args.exact or args.peer or args.step or args.scaling or args.presets)
@@ -222,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         scaling(solvers, args.time_limit, [int(x) for x in args.sizes.split(",")],
                 args.objectives.split(","))
     if args.presets or everything:
-        presets(args.time_limit, args.models.split(","))
+        presets(args.time_limit, args.models.split(","), configs)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def one_micro_batch(tg: TaskGraph) -> TaskGraph:
                      num_micro_batches=1)
 
 
-def _reach(tg: TaskGraph) -> np.ndarray:
+def reach_or_self(tg: TaskGraph) -> np.ndarray:
     """reach[i, j]: i == j or a path leads from i to j."""
     reach = np.eye(tg.num_tasks, dtype=bool)
     for t in reversed(tg.topological_order):
@@ -89,7 +89,7 @@ def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
     tg = one_micro_batch(problem.tg)
     head, tail = heads_tails(tg)
     after = tail - tg.duration_s
-    reach = _reach(tg)
+    reach = reach_or_self(tg)
     n, dur = tg.num_tasks, tg.duration_s
     # Rows: (a, -) per task, (-, b) per task, (a, b) for each op's forward and backward
     # (the fill before an op and the drain after its gradient), and (-, -), the busy time.
