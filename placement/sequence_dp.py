@@ -82,8 +82,10 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
             hi = value
         elif proven:
             lo = probe
-        elif time.perf_counter() < deadline:
+        elif time.perf_counter() < deadline and lo > lower:
             ceiling = probe
+        elif time.perf_counter() < deadline:
+            break  # the first test already passed the cap: lower ones would too, mostly
         else:
             break
     return SequenceDP(lower_bound=lo, unit_device=best, value=value)
