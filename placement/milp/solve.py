@@ -20,6 +20,7 @@ from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
+from placement.sequence_dp import sequence_dp
 from placement.milp.incumbent import (
     Incumbent,
     believable,
@@ -45,6 +46,9 @@ ROTATIONS = 24
 ROTATION_SHARE = 0.1
 #: Share of the time left that the segment bound may take.
 SEGMENT_BOUND_SHARE = 0.1
+#: Share of the time left that the sequence DP may take (graphs of more than
+#: MAX_LOAD_FINE_GROUPS units, where the fine MILP alone proves little).
+SEQUENCE_DP_SHARE = 0.5
 #: Share of the time left after the coarse round that the window search keeps (the
 #: fine MILP, whose bound it cannot replace, runs first), the free units at first on
 #: each side of a cut, and the seconds one window's MILP may take (one shorter than
@@ -176,6 +180,9 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     units = list(members.values())
     windowed = len(units) > MAX_LOAD_FINE_GROUPS
     if windowed:
+        known = _sequence_dp(problem, incumbent, units, known, deadline)
+        if incumbent.value - known <= problem.config.gap * incumbent.value:
+            return known, "optimal"
         incumbent.stage = "coarsening"
         clusters = chain_clusters(tg, max_work_s=float(tg.duration_s.sum()) / k / 8)
         _max_load_round(problem, backend, incumbent, clusters,
@@ -191,6 +198,27 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
             _window_search(problem, backend, incumbent, units, known, deadline)
         refine(incumbent.source, 1.0)
     return max(bound, known), status
+
+
+def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
+                 known: float, deadline: float) -> float:
+    """The sequence DP's bisection (placement/sequence_dp.py) in its share of the time
+    left: its plan when better and within the memory caps (the DP does not model
+    them), and the larger of its bound and `known`."""
+    tg, k = problem.tg, problem.num_devices
+    incumbent.stage = "sequence DP"
+    found = sequence_dp(tg, units, k, known, incumbent.value, problem.config.gap,
+                        deadline=time.perf_counter() + SEQUENCE_DP_SHARE * max(
+                            0.0, deadline - time.perf_counter()))
+    if found.unit_device is not None:
+        group_device = np.empty(tg.num_groups, dtype=np.int64)
+        for groups, d in zip(units, found.unit_device.tolist()):
+            group_device[groups] = d
+        used = np.bincount(group_device, weights=problem.group_memory, minlength=k)
+        if used.max() <= problem.memory_cap * (1 + 1e-9):
+            incumbent.offer(group_device, float(device_loads(tg, group_device, k).max()),
+                            "sequence-dp")
+    return max(known, found.lower_bound)
 
 
 def _window_search(problem: Problem, backend: Backend, incumbent: Incumbent,

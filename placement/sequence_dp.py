@@ -1,0 +1,244 @@
+"""Exact max-load by a dynamic program along a sequence of units (the joined sequence).
+
+Place the units one by one in sequence order. What the rest of the placement can
+still cost depends only on the devices' loads so far and, per *open* sender (one with
+members, its unit and its successor units, both placed and not yet placed), the set
+of devices its placed members sit on: a sender whose members end on two or more
+devices charges its cost c to each of them (`simulate.device_loads`), so a new member
+on a device outside the set charges c there, and also on the set's one device when
+the set had one. On operator graphs senders are short-lived along the sequence (a
+skip connection spans a block), so few are open at once, and the states are few.
+
+Is there a placement with max-load at most L? Drop a state when a load passes L or
+when the loads and the work still to place pass k L; keep, per sender sets, only the
+load vectors no other one dominates (each load at most, one less: its completions
+cost no more); devices are interchangeable, so each state is relabelled to a
+canonical numbering first. No state left at the end proves L out; a state left is a
+placement with max-load at most L (traced back). Bisection on L between a proven
+bound and the incumbent gives the optimum, or, past a deadline or a cap on the states
+a layer may hold, the largest L proven out and the best placement found.
+
+Memory caps are not modelled, so the bound holds with or without them and a plan found
+is the caller's to check. Hand-written: the state (open senders' device sets) is this
+model's own, which no solver or library offers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from placement.ideal_dp import merged_senders
+from placement.tasks import TaskGraph
+
+#: States one layer may hold; past it the layer keeps the least loaded (a beam), so
+#: the test at that L can still find a plan but proves nothing.
+MAX_STATES = 50_000
+#: Per state, dominance is tested against this many states of the least total load
+#: with the same sender sets (keeping a dominated state only costs time).
+DOMINANCE_PROBES = 24
+#: States compared at once in the dominance test (bounds its memory).
+CHUNK = 20_000
+#: Relative slack on the feasibility checks, so rounding never rejects a real plan.
+SLACK = 1e-9
+#: Devices the state's bit sets can hold.
+MAX_DEVICES = 8
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceDP:
+    lower_bound: float
+    """A proven bound on the max-load of every placement (memory aside)."""
+    unit_device: np.ndarray | None
+    """The best placement found, per unit its device; None when no test at an L at
+    most `upper` found one."""
+    value: float
+    """That placement's max-load (inf when none)."""
+
+
+def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
+                lower: float, upper: float, gap: float, deadline: float = math.inf,
+                max_states: int = MAX_STATES) -> SequenceDP:
+    """The optimum within relative `gap` where the tests finish: bisection on L in
+    [lower, upper] (`lower` a proven bound, `upper` the value of some placement);
+    `units` partition the groups, in the order the program walks them."""
+    none = SequenceDP(lower_bound=lower, unit_device=None, value=math.inf)
+    if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
+        return none
+    model = _Model(tg, units, num_devices)
+    lo, hi, best, value = lower, upper, None, math.inf
+    ceiling = upper  # tests above it gave up: no proof, no plan
+    while min(hi, ceiling) - lo > gap * hi and time.perf_counter() < deadline:
+        probe = 0.5 * (lo + min(hi, ceiling))
+        found, proven = model.placement_within(probe, deadline, max_states)
+        if found is not None:
+            if model.max_load(found) >= hi:
+                break  # within the feasibility slack of the best: nothing left to split
+            best, value = found, model.max_load(found)
+            hi = value
+        elif proven:
+            lo = probe
+        elif time.perf_counter() < deadline and lo > lower:
+            ceiling = probe
+        elif time.perf_counter() < deadline:
+            break  # the first test already passed the cap: lower ones would too, mostly
+        else:
+            break
+    return SequenceDP(lower_bound=lo, unit_device=best, value=value)
+
+
+class _Model:
+    def __init__(self, tg: TaskGraph, units: Sequence[Sequence[int]], k: int) -> None:
+        n = len(units)
+        unit_of_group = np.empty(tg.num_groups, dtype=np.int64)
+        for i, groups in enumerate(units):
+            unit_of_group[list(groups)] = i
+        senders = merged_senders(tg, unit_of_group)
+        self.k, self.n = k, n
+        self.work = np.bincount(unit_of_group[tg.group], weights=tg.duration_s, minlength=n)
+        self.members = [sorted({int(u), *t}) for u, t in
+                        zip(senders.unit.tolist(), senders.targets)]
+        self.cost = senders.cost
+        self.at: list[list[int]] = [[] for _ in range(n)]
+        for j, m in enumerate(self.members):
+            for x in m:
+                self.at[x].append(j)
+        self.rest = np.concatenate([np.cumsum(self.work[::-1])[::-1], [0.0]])
+
+    def max_load(self, unit_device: np.ndarray) -> float:
+        loads = np.bincount(unit_device, weights=self.work, minlength=self.k)
+        for m, c in zip(self.members, self.cost.tolist()):
+            held = np.unique(unit_device[m])
+            if len(held) > 1:
+                loads[held] += c
+        return float(loads.max())
+
+    def placement_within(self, bound: float, deadline: float,
+                         max_states: int) -> tuple[np.ndarray | None, bool]:
+        """A placement of max-load at most `bound` or None, and whether None is a proof
+        that there is none. Past the state cap a layer keeps the `max_states` states
+        of least (max, total) load, so a placement may still be found, but no proof;
+        past the deadline neither."""
+        k, lim = self.k, bound * (1 + SLACK)
+        loads = np.zeros((1, k))
+        masks = np.zeros((1, 0), dtype=np.int64)
+        open_ids: list[int] = []
+        trail = []  # per layer: (parent, device in the parent's labels, relabelling)
+        proven = True
+        for i in range(self.n):
+            if time.perf_counter() > deadline:
+                return None, False
+            col = {j: q for q, j in enumerate(open_ids)}
+            starting = [j for j in self.at[i] if self.members[j][0] == i]
+            new_open = [j for j in open_ids if self.members[j][-1] > i] + starting
+            parts = [self._place(loads, masks, col, i, d, new_open) for d in range(k)]
+            new_loads = np.concatenate([p[0] for p in parts])
+            new_masks = np.concatenate([p[1] for p in parts])
+            parent = np.concatenate([np.arange(len(loads))] * k)
+            device = np.repeat(np.arange(k), len(loads))
+            keep = ((new_loads.max(axis=1) <= lim)
+                    & (new_loads.sum(axis=1) + self.rest[i + 1] <= k * lim))
+            if not keep.any():
+                return None, proven
+            new_loads, new_masks = new_loads[keep], new_masks[keep]
+            parent, device = parent[keep], device[keep]
+            new_loads, new_masks, perm = _canonical(new_loads, new_masks, k, lim)
+            chosen = _undominated(new_loads, new_masks)
+            if len(chosen) > max_states:
+                proven = False
+                chosen = chosen[np.lexsort((new_loads[chosen].max(axis=1),
+                                            new_loads[chosen].sum(axis=1)))[:max_states]]
+            loads, masks = new_loads[chosen], new_masks[chosen]
+            trail.append((parent[chosen], device[chosen], perm[chosen]))
+            open_ids = new_open
+        return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven
+
+    def _place(self, loads, masks, col, i, d, new_open):
+        """Every state with unit i on device d: its loads and its new open senders' sets."""
+        loads = loads.copy()
+        loads[:, d] += self.work[i]
+        bit = 1 << d
+        sets = {j: masks[:, q] for j, q in col.items()}
+        for j in self.at[i]:
+            m = sets.get(j)
+            if m is None:  # i is the sender's first member
+                sets[j] = np.full(len(loads), bit, dtype=np.int64)
+                continue
+            outside = (m & bit) == 0
+            c = float(self.cost[j])
+            loads[outside, d] += c
+            alone = outside & ((m & (m - 1)) == 0)
+            for e in range(self.k):
+                loads[alone & (m == 1 << e), e] += c
+            sets[j] = m | bit
+        new_masks = (np.stack([sets[j] for j in new_open], axis=1) if new_open
+                     else np.zeros((len(loads), 0), dtype=np.int64))
+        return loads, new_masks
+
+    def _trace(self, trail, s: int) -> np.ndarray:
+        """The placement of state s of the last layer, in one device numbering."""
+        unit_device = np.empty(self.n, dtype=np.int64)
+        to_final = np.arange(self.k)  # current layer's labels -> final labels
+        for i in range(self.n - 1, -1, -1):
+            parent, device, perm = trail[i]
+            unit_device[i] = to_final[perm[s, device[s]]]
+            to_final = to_final[perm[s]]
+            s = parent[s]
+        return unit_device
+
+
+def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
+    """Relabel each state's devices: by which open senders' sets hold them, then by
+    load, descending. Returns the loads and sets relabelled and per state the map
+    old label -> new label."""
+    code = np.zeros(loads.shape, dtype=np.float64)
+    for q in range(masks.shape[1]):
+        for e in range(k):
+            code[:, e] += ((masks[:, q] >> e) & 1) * float(2 ** q)
+    # Loads are at most lim, so they break ties only within one membership code.
+    order = np.argsort(-(code + loads / (2 * lim)), axis=1, kind="stable")
+    perm = np.empty_like(order)
+    np.put_along_axis(perm, order, np.arange(k)[None, :].repeat(len(loads), 0), axis=1)
+    new_loads = np.take_along_axis(loads, order, axis=1)
+    new_masks = np.zeros_like(masks)
+    for e in range(k):
+        bit = (masks >> e) & 1
+        new_masks |= bit << perm[:, e:e + 1]
+    return new_loads, new_masks, perm
+
+
+def _undominated(loads: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Indices of the states kept: per sender sets, those not dominated by one of the
+    DOMINANCE_PROBES least-total states with the same sets (exact duplicates keep one)."""
+    if masks.shape[1]:
+        _, group = np.unique(masks, axis=0, return_inverse=True)
+        group = group.ravel()
+    else:
+        group = np.zeros(len(loads), dtype=np.int64)
+    total = loads.sum(axis=1)
+    order = np.lexsort((total, group))
+    g_sorted = group[order]
+    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    probes = min(DOMINANCE_PROBES, int(rank.max()) + 1)
+    num_groups = len(starts)
+    table = np.full((num_groups, probes, loads.shape[1]), np.inf)
+    table_id = np.full((num_groups, probes), -1)
+    sel = rank < probes
+    gid = np.repeat(np.arange(num_groups), np.diff(np.r_[starts, len(order)]))
+    table[gid[sel], rank[sel]] = loads[order[sel]]
+    table_id[gid[sel], rank[sel]] = rank[sel]
+    dominated = np.zeros(len(order), dtype=bool)
+    for a in range(0, len(order), CHUNK):
+        part = slice(a, a + CHUNK)
+        cand, cand_id = table[gid[part]], table_id[gid[part]]  # (chunk, probes, k)
+        mine, r = loads[order[part]][:, None, :], rank[part, None]
+        le = (cand <= mine).all(axis=2)
+        lt = (cand < mine).any(axis=2)
+        dominated[part] = (le & (lt | (cand_id < r)) & (cand_id >= 0)
+                           & (cand_id != r)).any(axis=1)
+    return np.sort(order[~dominated])

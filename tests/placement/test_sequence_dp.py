@@ -1,0 +1,88 @@
+"""The sequence DP against brute force: its bound never above the optimum, its plan the
+optimum where no layer passes the state cap, strictly above the transfer bounds where
+those are loose, and under a tiny cap a real plan but no proof."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement.heuristics import group_sequence
+from placement.ideal_dp import join_roots, joined_sequence, side_inputs
+from placement.path_bound import heavy_group_bound, path_cut_bound
+from placement.segment_bound import segment_bound
+from placement.sequence_dp import sequence_dp
+from placement.simulate import max_load, max_load_lower_bound
+from tests.placement.max_load_cases import brute_max_load, max_load_problem, training_dag
+
+
+def _case(seed: int):
+    """A random training DAG of 4-7 ops on 2-3 devices, its optimum, and the units the
+    solver walks (groups with their side inputs joined, in the joined sequence)."""
+    rng = np.random.default_rng(seed)
+    num_ops, k = int(rng.integers(4, 8)), int(rng.integers(2, 4))
+    graph = training_dag(seed, num_ops, edge_prob=float(rng.uniform(0.2, 0.7)),
+                         colocate=bool(seed % 2))
+    p = max_load_problem(graph, k)
+    root = join_roots(side_inputs(p.tg, p.group_memory, p.memory_cap))
+    members: dict[int, list[int]] = {}
+    for g in joined_sequence(p.tg, root):
+        members.setdefault(int(root[g]), []).append(g)
+    return p, list(members.values()), brute_max_load(p, contiguous=False)
+
+
+def _group_device(p, units, unit_device):
+    group_device = np.empty(p.tg.num_groups, dtype=np.int64)
+    for groups, d in zip(units, unit_device.tolist()):
+        group_device[groups] = d
+    return group_device
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_the_optimum_and_a_bound_never_above_it(seed):
+    p, units, optimum = _case(seed)
+    k = p.num_devices
+    found = sequence_dp(p.tg, units, k, max_load_lower_bound(p.tg, k), 2 * optimum, 1e-9)
+    assert found.lower_bound <= optimum * (1 + 1e-9)
+    value = max_load(p.tg, _group_device(p, units, found.unit_device), k)
+    assert value == pytest.approx(optimum, rel=1e-9)
+    assert found.value == pytest.approx(value, rel=1e-9)
+
+
+def test_strictly_above_the_transfer_bounds():
+    """Seed 0 (7 ops, 3 devices): the path and segment bounds prove 33 and 40 against
+    an optimum of 48; the DP proves it."""
+    p, units, optimum = _case(0)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    old = path_cut_bound(p.tg, k, heavy_group_bound(p.tg, lower), 2 * optimum)
+    old = segment_bound(p.tg, k, group_sequence(p.tg), old, 2 * optimum)
+    found = sequence_dp(p.tg, units, k, old, 2 * optimum, 1e-9)
+    assert optimum == 48
+    assert old < 41
+    assert found.lower_bound == pytest.approx(optimum, rel=1e-6)
+
+
+def test_past_the_state_cap_a_real_plan_and_no_proof():
+    """With one state a layer the DP is a greedy walk: whatever it finds is a real plan
+    (the simulator's value), and what it proves (tests that never passed the cap)
+    stays at most the optimum."""
+    p, units, optimum = _case(0)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    found = sequence_dp(p.tg, units, k, lower, 10 * optimum, 1e-9, max_states=1)
+    assert lower <= found.lower_bound <= optimum
+    if found.unit_device is not None:
+        value = max_load(p.tg, _group_device(p, units, found.unit_device), k)
+        assert found.value == pytest.approx(value, rel=1e-9)
+        assert value >= optimum
+
+
+def test_a_deadline_past_keeps_the_known_bound():
+    p, units, optimum = _case(0)
+    found = sequence_dp(p.tg, units, p.num_devices, 1.0, 2 * optimum, 1e-9, deadline=0.0)
+    assert found.lower_bound == 1.0 and found.unit_device is None
+    assert math.isinf(found.value)
