@@ -38,6 +38,12 @@ from placement.tasks import TaskGraph
 #: States one layer may hold; past it the layer keeps the least loaded (a beam), so
 #: the test at that L can still find a plan but proves nothing.
 MAX_STATES = 50_000
+#: Before bisecting, one test just under the incumbent (this share below it) looks for a
+#: better plan with a narrower beam (`MAX_STATES` / `TOP_BEAM_DIVISOR` states a layer):
+#: near the incumbent almost every state survives, so the test is a beam search, and a
+#: plan it finds lowers the top of the bisection.
+TOP_PROBE_SHARE = 0.005
+TOP_BEAM_DIVISOR = 10
 #: Per state, dominance is tested against this many states of the least total load
 #: with the same sender sets (keeping a dominated state only costs time).
 DOMINANCE_PROBES = 24
@@ -71,7 +77,16 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
         return none
     model = _Model(tg, units, num_devices)
     lo, hi, best, value = lower, upper, None, math.inf
-    ceiling = upper  # tests above it gave up: no proof, no plan
+    top = upper * (1 - TOP_PROBE_SHARE)
+    if top > lower:
+        found, proven = model.placement_within(top, deadline,
+                                               max(1, max_states // TOP_BEAM_DIVISOR))
+        if found is not None and model.max_load(found) < hi:
+            best, value = found, model.max_load(found)
+            hi = value
+        elif found is None and proven:
+            lo = top
+    ceiling = hi  # tests above it gave up: no proof, no plan
     while min(hi, ceiling) - lo > gap * hi and time.perf_counter() < deadline:
         probe = 0.5 * (lo + min(hi, ceiling))
         found, proven = model.placement_within(probe, deadline, max_states)
