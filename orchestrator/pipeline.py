@@ -136,11 +136,12 @@ def batch_rule(args: JobArgs, base_batch: int, measured_here: bool) -> BatchRule
 
 def trial_status(t: dict) -> str:
     """One status line per trial: the prediction it was ranked by against its measure."""
+    measure = "; ".join(filter(None, (f"{t['error']:+.0%}", cores_text(t))))
     return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step "
             f"({t['step_source']} {t['model_step_s'] * 1e3:.1f} ms "
             f"{t['overhead_s'] * 1e3:+.1f} ms, from "
             f"{t['correction_from']}), measured {t['measured_step_s'] * 1e3:.1f} ms "
-            f"({t['error']:+.0%}{'; ' * bool(cores_text(t))}{cores_text(t)})")
+            f"({measure})")
 
 
 @dataclass(frozen=True, kw_only=True)

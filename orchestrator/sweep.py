@@ -9,6 +9,7 @@ and passes `TuneReportCallback` in its RunConfig, so the workers' reports reach 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from placement.scaling.efficiency import StatisticalEfficiency
 from placement.sweep_space import Candidate
 
 METRIC = "projected_time_s"
+#: Ray Train's switch for its preemption watcher (ray.train.v2._internal.constants).
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 EXPERIMENT = "sweep"
 
 
@@ -102,6 +105,14 @@ class SweepJob:
 
 def _trial(config: dict, *, job: SweepJob) -> None:
     """Tune function trainable: one short TorchTrainer run of the trial's candidate."""
+    # Ray Train's preemption watcher is an actor its controller starts beside each new
+    # worker group: seconds of CPU importing Ray Train, spent just as a trial takes
+    # its few seconds of measured steps. Where the cores are the devices that start-up
+    # was in the steps the trial measured (docs/benchmarks.md "Sweep"). A trial's worker
+    # group is never restarted, so the watcher has nothing to do for it. Ray Train
+    # passes this variable from the process that calls `fit` (this trial's own) to the
+    # controller.
+    os.environ[PREEMPTION_WATCHER_ENV] = "0"
     trainer = torch_trainer(job.worker_job(Candidate.from_dict(config["candidate"])),
                             name=f"train-{tune.get_context().get_trial_id()}",
                             storage_path=str(Path(job.storage) / "trials"), num_to_keep=1,

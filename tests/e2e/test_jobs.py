@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from ray.util.state import list_actors
 
 from placement.sweep_space import TIMED
 from tests.conftest import REPO
@@ -69,6 +70,12 @@ def cluster_state(head, submission_id: str) -> str:
         ray_cli(head, "list", "actors", api, "--filter", "state=ALIVE"),
         ray_cli(head, "job", "logs", api, submission_id)[-4000:],
     ])
+
+
+def preemption_watchers(head) -> int:
+    """How many Ray Train preemption watchers the cluster has started, dead ones too."""
+    return len(list_actors(address=head["address"], limit=10_000,
+                           filters=[("class_name", "=", "PreemptionWatcher")]))
 
 
 def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -183,6 +190,7 @@ def assert_every_mp_degree_ranked(winner: dict) -> None:
 
 def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     storage = tmp_path / "biglstm"
+    watchers_before = preemption_watchers(ray_head)
     # Three trials: mp 1 and mp 2 first, then one ranked with its mp_degree's correction.
     # 60 steps, as in `make demo`: a trial's median then spans a few seconds of this
     # shared host's load, not a fraction of one.
@@ -210,6 +218,8 @@ def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     assert_every_mp_degree_ranked(winner)
     assert len({t["key"] for t in winner["trials"]}) == 3  # the resumed searcher repeats none
     assert_report_renders(storage / "report" / "index.html", tmp_path / "report.png")
+    # Only the final run's: a sweep trial starts none beside its measured steps (sweep.py).
+    assert preemption_watchers(ray_head) - watchers_before == 1
 
 
 @pytest.mark.parametrize("job, model", [("gnmt.py", "gnmt"), ("inception_v3.py", "inception_v3")])
