@@ -53,6 +53,11 @@ CHUNK = 20_000
 SLACK = 1e-9
 #: Devices the state's bit sets can hold.
 MAX_DEVICES = 8
+#: A test stops as soon as the mean time of its last this many layers, times the
+#: layers left, passes its deadline: a test that cannot finish proves nothing, and the
+#: time it would burn is the MILP's (on graphs of a thousand units with many open
+#: senders one test at the state cap takes minutes).
+PACE_LAYERS = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,8 +84,10 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
     lo, hi, best, value = lower, upper, None, math.inf
     top = upper * (1 - TOP_PROBE_SHARE)
     if top > lower:
-        found, proven = model.placement_within(top, deadline,
-                                               max(1, max_states // TOP_BEAM_DIVISOR))
+        found, proven, finished = model.placement_within(
+            top, deadline, max(1, max_states // TOP_BEAM_DIVISOR))
+        if not finished:
+            return none
         if found is not None and model.max_load(found) < hi:
             best, value = found, model.max_load(found)
             hi = value
@@ -89,7 +96,9 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
     ceiling = hi  # tests above it gave up: no proof, no plan
     while min(hi, ceiling) - lo > gap * hi and time.perf_counter() < deadline:
         probe = 0.5 * (lo + min(hi, ceiling))
-        found, proven = model.placement_within(probe, deadline, max_states)
+        found, proven, finished = model.placement_within(probe, deadline, max_states)
+        if not finished:
+            break
         if found is not None:
             if model.max_load(found) >= hi:
                 break  # within the feasibility slack of the best: nothing left to split
@@ -97,12 +106,10 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
             hi = value
         elif proven:
             lo = probe
-        elif time.perf_counter() < deadline and lo > lower:
+        elif lo > lower:
             ceiling = probe
-        elif time.perf_counter() < deadline:
-            break  # the first test already passed the cap: lower ones would too, mostly
         else:
-            break
+            break  # the first test already passed the cap: lower ones would too, mostly
     return SequenceDP(lower_bound=lo, unit_device=best, value=value)
 
 
@@ -133,20 +140,25 @@ class _Model:
         return float(loads.max())
 
     def placement_within(self, bound: float, deadline: float,
-                         max_states: int) -> tuple[np.ndarray | None, bool]:
-        """A placement of max-load at most `bound` or None, and whether None is a proof
-        that there is none. Past the state cap a layer keeps the `max_states` states
-        of least (max, total) load, so a placement may still be found, but no proof;
-        past the deadline neither."""
+                         max_states: int) -> tuple[np.ndarray | None, bool, bool]:
+        """A placement of max-load at most `bound` or None, whether None is a proof
+        that there is none, and whether the test finished. Past the state cap a layer
+        keeps the `max_states` states of least (max, total) load, so a placement may
+        still be found, but no proof; a test stopped at the deadline, or earlier
+        where its pace says it would not finish (PACE_LAYERS), gives neither."""
         k, lim = self.k, bound * (1 + SLACK)
+        layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
         open_ids: list[int] = []
         trail = []  # per layer: (parent, device in the parent's labels, relabelling)
         proven = True
         for i in range(self.n):
-            if time.perf_counter() > deadline:
-                return None, False
+            now = time.perf_counter()
+            if now > deadline or (
+                    i >= PACE_LAYERS and now + (now - layer_ends[-1 - PACE_LAYERS])
+                    / PACE_LAYERS * (self.n - i) > deadline):
+                return None, False, False
             col = {j: q for q, j in enumerate(open_ids)}
             starting = [j for j in self.at[i] if self.members[j][0] == i]
             new_open = [j for j in open_ids if self.members[j][-1] > i] + starting
@@ -158,7 +170,7 @@ class _Model:
             keep = ((new_loads.max(axis=1) <= lim)
                     & (new_loads.sum(axis=1) + self.rest[i + 1] <= k * lim))
             if not keep.any():
-                return None, proven
+                return None, proven, True
             new_loads, new_masks = new_loads[keep], new_masks[keep]
             parent, device = parent[keep], device[keep]
             new_loads, new_masks, perm = _canonical(new_loads, new_masks, k, lim)
@@ -170,7 +182,8 @@ class _Model:
             loads, masks = new_loads[chosen], new_masks[chosen]
             trail.append((parent[chosen], device[chosen], perm[chosen]))
             open_ids = new_open
-        return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven
+            layer_ends.append(time.perf_counter())
+        return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven, True
 
     def _place(self, loads, masks, col, i, d, new_open):
         """Every state with unit i on device d: its loads and its new open senders' sets."""

@@ -5,6 +5,7 @@ those are loose, and under a tiny cap a real plan but no proof."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from placement.heuristics import group_sequence
 from placement.ideal_dp import join_roots, joined_sequence, side_inputs
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
-from placement.sequence_dp import sequence_dp
+from placement.sequence_dp import _Model, sequence_dp
 from placement.simulate import max_load, max_load_lower_bound
 from tests.placement.max_load_cases import brute_max_load, max_load_problem, training_dag
 
@@ -86,3 +87,20 @@ def test_a_deadline_past_keeps_the_known_bound():
     found = sequence_dp(p.tg, units, p.num_devices, 1.0, 2 * optimum, 1e-9, deadline=0.0)
     assert found.lower_bound == 1.0 and found.unit_device is None
     assert math.isinf(found.value)
+
+
+def test_a_test_that_cannot_finish_stops_before_its_deadline():
+    """80 ops, 500 states a layer: a test takes about a second; given a quarter of its
+    own time it stops at its pace check, long before that deadline, with no plan and no
+    proof."""
+    p = max_load_problem(training_dag(1, 80, edge_prob=0.05), 4)
+    units = [[g] for g in group_sequence(p.tg)]
+    model = _Model(p.tg, units, 4)
+    limit = 1.5 * p.tg.duration_s.sum() / 4
+    started = time.perf_counter()
+    assert model.placement_within(limit, math.inf, 500)[2]
+    quarter = (time.perf_counter() - started) / 4
+    started = time.perf_counter()
+    found, proven, finished = model.placement_within(limit, started + quarter, 500)
+    assert (found, proven, finished) == (None, False, False)
+    assert time.perf_counter() - started < quarter
