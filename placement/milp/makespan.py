@@ -96,9 +96,10 @@ RELAXATION_SHARE = 0.15
 #: over its window bound in 2 s.
 BLOCK_SHARE = 0.2
 #: Share of the time left that the block decomposition (`decompose_round`) may use: on
-#: the layered DAGs of 500 and 1,000 ops its parts reached 2,886 and 6,003 in 30 s
-#: where the whole graph's search had reached 3,042 and 6,297 in 60 s.
-DECOMPOSE_SHARE = 0.4
+#: the layered DAGs of 500 and 1,000 ops its parts (with kicks) reached 2,851 and 5,910
+#: in 57 s and 5,950 (1,000 ops) in 36 s, where the whole graph's search had reached
+#: 3,042 and 6,297 in 60 s; the whole graph's search after it gains little there.
+DECOMPOSE_SHARE = 0.5
 BLOCK_SECONDS = 3.0
 BLOCK_MAX_PAIRS = 100
 #: Relative margin taken off a block MILP's proven bound.
@@ -532,9 +533,9 @@ def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justif
 
 def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
     """Offer the placement assembled from the parts between articulation tasks
-    (`placement.milp.decompose`), each part placed by HEFT and local search under its
-    own simulation, within DECOMPOSE_SHARE of the time left; one micro-batch only
-    (with several no task is an articulation task)."""
+    (`placement.milp.decompose`), each part placed by HEFT, local search and kicks
+    under its own simulation, within DECOMPOSE_SHARE of the time left; one micro-batch
+    only (with several no task is an articulation task)."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
     until = time.perf_counter() + DECOMPOSE_SHARE * max(0.0, deadline - time.perf_counter())
@@ -553,8 +554,12 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
                                      deadline=part_until)
             if value >= before:
                 break
+        gd, _ = kicked_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
+                              num_devices=k, group_memory=zero, memory_cap=1.0,
+                              deadline=part_until, rng=rng)
         return gd
 
+    rng = np.random.default_rng(0)
     gd = decomposed_placement(tg, k, until, place_part)
     if gd is None:
         return
