@@ -1,0 +1,62 @@
+"""The block decomposition: a training graph of modules in sequence splits into parts
+(each forward block with the backward block of the same ops) whose optimal placements,
+relabelled and joined, are an optimal placement of the whole graph."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from placement.milp.block_bound import blocks
+from placement.milp.decompose import _relabel, chained_graph, decomposed_placement, parts_of
+from tests.placement.milp_cases import placements, problem, search_step_time
+from tests.placement.test_block_bound import modules
+
+
+def canonical(group_device: np.ndarray) -> np.ndarray:
+    """Devices renumbered by first use, as `placements` lists them."""
+    first = {d: i for i, d in enumerate(dict.fromkeys(group_device.tolist()))}
+    return np.array([first[d] for d in group_device.tolist()], dtype=np.int64)
+
+
+def optimum_of(tg, k: int, group_device: np.ndarray) -> float:
+    target = canonical(group_device)
+    return search_step_time(tg, k, fits=lambda gd: bool((gd == target).all()))
+
+
+def best_placement(tg, k: int) -> np.ndarray:
+    return min(placements(tg, k), key=lambda gd: optimum_of(tg, k, gd))
+
+
+def test_parts_pair_each_forward_block_with_its_backward_block():
+    tg = problem(modules(1, 3, training=True), 2, "makespan").tg
+    block_tasks = blocks(tg)
+    parts = parts_of(tg, block_tasks)
+    # The first fork alone, three modules, the loss turn's block and their mirrors;
+    # the first fork's forward and backward share only its articulation group.
+    assert len(block_tasks) == 9
+    assert parts == [[0], [1, 7], [2, 6], [3, 5], [4], [8]]
+    for part in parts:
+        sub, tasks = chained_graph(tg, block_tasks, part)
+        # Chained: every task of a later block follows every task of an earlier one.
+        assert sub.num_tasks == len(tasks) == len(set(tasks))
+        assert len(sub.topological_order) == sub.num_tasks
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_optimal_parts_give_an_optimal_plan(seed):
+    k = 2
+    tg = problem(modules(seed, 2, training=True), k, "makespan").tg
+    gd = decomposed_placement(tg, k, time.perf_counter() + 60,
+                              lambda part, until: best_placement(part, k))
+    assert gd is not None
+    assert optimum_of(tg, k, gd) == pytest.approx(search_step_time(tg, k))
+
+
+def test_relabel_agrees_with_placed_groups_or_says_none():
+    to = _relabel(np.array([0, 1, 1]), [2, -1, -1], 3)
+    assert to[0] == 2 and sorted(to.tolist()) == [0, 1, 2]
+    assert _relabel(np.array([0, 1]), [2, 2], 3) is None
+    assert _relabel(np.array([0, 0]), [1, 2], 3) is None
