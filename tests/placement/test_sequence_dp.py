@@ -16,7 +16,7 @@ from placement.heuristics import group_sequence
 from placement.ideal_dp import join_roots, joined_sequence, side_inputs
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
-from placement.sequence_dp import _Model, sequence_dp
+from placement.sequence_dp import TOP_PROBE_SHARE, _Model, sequence_dp
 from placement.simulate import max_load, max_load_lower_bound
 from tests.placement.max_load_cases import brute_max_load, max_load_problem, training_dag
 
@@ -104,3 +104,20 @@ def test_a_test_that_cannot_finish_stops_before_its_deadline():
     found, proven, finished = model.placement_within(limit, started + quarter, 500)
     assert (found, proven, finished) == (None, False, False)
     assert time.perf_counter() - started < quarter
+
+
+def test_the_probe_just_under_the_incumbent_finds_a_plan_or_proves_it():
+    """Before any bisection (a gap of 1 leaves none), one test at `TOP_PROBE_SHARE` under
+    the incumbent: with the optimum under that L it returns a plan of at most L, with
+    the optimum above it the proof that nothing reaches L."""
+    p, units, optimum = _case(0)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    above = optimum * 1.001 / (1 - TOP_PROBE_SHARE)  # its probe lies over the optimum
+    found = sequence_dp(p.tg, units, k, lower, above, 1.0)
+    assert found.unit_device is not None
+    assert optimum * (1 - 1e-9) <= found.value <= above * (1 - TOP_PROBE_SHARE)
+    below = optimum * 0.999 / (1 - TOP_PROBE_SHARE)  # its probe lies under it
+    found = sequence_dp(p.tg, units, k, lower, below, 1.0)
+    assert found.unit_device is None
+    assert found.lower_bound == pytest.approx(below * (1 - TOP_PROBE_SHARE))
+    assert found.lower_bound <= optimum
