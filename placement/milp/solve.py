@@ -118,14 +118,16 @@ def solve_plan(problem: Problem, solver: str,
 
 
 def _options(problem: Problem, deadline: float, share: float = 1.0,
-             cutoff: float | None = None) -> SolveOptions | None:
+             cutoff: float | None = None, interior_root: bool = False
+             ) -> SolveOptions | None:
     # Keep a little time for checking, refining and packaging the solver's answer.
     reserve = min(2.0, 0.05 * problem.config.time_limit_s)
     left = (deadline - time.perf_counter()) * share - reserve
     if left < 0.5:
         return None
     return SolveOptions(time_limit_s=left, gap=problem.config.gap,
-                        threads=problem.config.threads, cutoff=cutoff)
+                        threads=problem.config.threads, cutoff=cutoff,
+                        interior_root=interior_root)
 
 
 # ---- max-load -------------------------------------------------------------------------
@@ -303,8 +305,11 @@ def _max_load_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     if fine or all(len(set(incumbent.group_device[g].tolist())) == 1 for g in units):
         ml.set_start(model, data, start)
     # The time left is measured after the build: Pyomo takes seconds on big graphs.
+    # A fine model past MAX_LOAD_FINE_GROUPS units gets a dozen seconds, about what
+    # the dual simplex takes on its root LP there, whose bound is all it proves.
     options = _options(problem, deadline, share,
-                       incumbent.value / data.scale if fine else None)
+                       incumbent.value / data.scale if fine else None,
+                       interior_root=fine and len(units) > MAX_LOAD_FINE_GROUPS)
     if options is None:
         return -math.inf, "time_limit"
     incumbent.stage = f"solve ({source})"
