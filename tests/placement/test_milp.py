@@ -357,8 +357,9 @@ def test_highs_keeps_the_warm_start_it_is_given():
 
 @needs["highs"]
 def test_highs_with_an_interior_root_proves_the_brute_force_optimum():
-    """The root LP by the interior point method (what the fine round of a big graph
-    asks for) changes how HiGHS gets there, not where: the optimum and its bound."""
+    """The root LP by the interior point method (what the fine round of a graph of
+    more than INTERIOR_ROOT_UNITS units asks for) changes how HiGHS gets there, not
+    where: the optimum and its bound."""
     from placement.milp.backends import SolveOptions
 
     p, data, model = _max_load_model()
