@@ -355,6 +355,22 @@ def test_highs_keeps_the_warm_start_it_is_given():
     assert not cold.has_solution
 
 
+@needs["highs"]
+def test_highs_with_an_interior_root_proves_the_brute_force_optimum():
+    """The root LP by the interior point method (what the fine round of a graph of
+    more than INTERIOR_ROOT_UNITS units asks for) changes how HiGHS gets there, not
+    where: the optimum and its bound."""
+    from placement.milp.backends import SolveOptions
+
+    p, data, model = _max_load_model()
+    result = BACKENDS["highs"].run(model, SolveOptions(time_limit_s=30, gap=0.0,
+                                                       interior_root=True))
+    optimum = brute_max_load(p.tg, 3)
+    assert result.status == "optimal"
+    assert model.L.value * data.scale == pytest.approx(optimum, rel=1e-6)
+    assert result.lower_bound * data.scale == pytest.approx(optimum, rel=1e-6)
+
+
 def test_max_load_model_adds_memory_rows_only_where_the_cap_can_bind():
     """Rows in units of the cap (bytes against a cap of 1e10 scaled the model badly), and
     none when all units fit on one device anyway."""
