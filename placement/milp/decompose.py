@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from placement.milp.block_bound import blocks, sub_graph
 from placement.tasks import TaskGraph
@@ -36,23 +37,12 @@ def parts_of(tg: TaskGraph, block_tasks: list[list[int]]) -> list[list[int]]:
     articulation task), each part's blocks in order, parts by their first block."""
     # Each block but the first starts, and each but the last ends, at one.
     articulation = {int(tg.group[ts[-1]]) for ts in block_tasks[:-1]}
-    root = list(range(len(block_tasks)))
-
-    def find(i: int) -> int:
-        while root[i] != i:
-            root[i] = root[root[i]]
-            i = root[i]
-        return i
-
+    parts = UnionFind(range(len(block_tasks)))
     first_block: dict[int, int] = {}
     for i, ts in enumerate(block_tasks):
         for g in set(tg.group[ts].tolist()) - articulation:
-            j = first_block.setdefault(g, i)
-            root[find(i)] = find(j)
-    parts: dict[int, list[int]] = {}
-    for i in range(len(block_tasks)):
-        parts.setdefault(find(i), []).append(i)
-    return sorted(parts.values())
+            parts.union(i, first_block.setdefault(g, i))
+    return sorted(sorted(part) for part in parts.to_sets())
 
 
 def chained_graph(tg: TaskGraph, block_tasks: list[list[int]], part: list[int]

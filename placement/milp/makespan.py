@@ -468,7 +468,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # The blocks' bound first: the decomposition's parts take half the time left,
     # which cut inception_v3 2x1's bound from 204.5 to 203.6 when the blocks came after.
     blocks = block_round(problem, backend, incumbent, deadline)
-    if justify:
+    if tg.num_micro_batches == 1:
         decompose_round(problem, incumbent, deadline)
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
@@ -517,23 +517,25 @@ def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justify: 
     return justified(tg, gd, k, schedule) if justify else schedule
 
 
+def _last_finishes(schedule, k: int) -> np.ndarray:
+    last = np.zeros(k)
+    np.maximum.at(last, schedule.device, schedule.finish_s)
+    return last
+
+
 def _score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justify: bool
            ) -> tuple[float, np.ndarray]:
     """The step time and, to pick moves and break ties, each device's last finish."""
     schedule = _schedule(tg, gd, k, stagger_s, justify)
-    last = np.zeros(k)
-    np.maximum.at(last, schedule.device, schedule.finish_s)
-    return schedule.step_time_s, last + 1e-9 * busy_time(tg, gd, k)
+    return schedule.step_time_s, _last_finishes(schedule, k) + 1e-9 * busy_time(tg, gd, k)
 
 
 def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justify: bool
                  ) -> tuple[tuple[float, float], list[int]]:
     """(step time, sum of the devices' last finishes) and the critical chain's groups."""
     schedule = _schedule(tg, gd, k, stagger_s, justify)
-    last = np.zeros(k)
-    np.maximum.at(last, schedule.device, schedule.finish_s)
     groups = dict.fromkeys(tg.group[critical_chain(tg, schedule)].tolist())
-    return (schedule.step_time_s, float(last.sum())), list(groups)
+    return (schedule.step_time_s, float(_last_finishes(schedule, k).sum())), list(groups)
 
 
 def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
@@ -544,6 +546,7 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
     until = time.perf_counter() + DECOMPOSE_SHARE * max(0.0, deadline - time.perf_counter())
+    rng = np.random.default_rng(0)
 
     def place_part(part: TaskGraph, part_until: float) -> np.ndarray:
         # Memory is checked on the assembled placement: a part's share is unknown.
@@ -564,7 +567,6 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
                               deadline=part_until, rng=rng)
         return gd
 
-    rng = np.random.default_rng(0)
     gd = decomposed_placement(tg, k, until, place_part)
     if gd is None:
         return
