@@ -11,10 +11,13 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
-# -X faulthandler: a crash after the last test (interpreter shutdown, where pytest's own
-# handler is off again) still prints every thread's stack.
+# PYTHONFAULTHANDLER: a crash after the last test (interpreter shutdown, where pytest's
+# own handler is off again) still prints every thread's stack, in pytest-xdist's worker
+# processes too. Two processes, each taking whole files: most of the suite's time is Ray
+# starting and polling (one core's worth of waiting), and a file's fixtures (a Ray head,
+# a fake cluster) then serve all its tests in one process.
 test: setup
-	$(PY) -X faulthandler -m pytest -q -p no:cacheprovider
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 demo: setup
 	rm -rf results/demo

@@ -8,6 +8,13 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 PEER_GRAPHS = SHARED / "peer-graphs"
 
+# `make test` runs the test files in two processes (pytest-xdist). A Ray instance either
+# starts writes its address to <RAY_TMPDIR>/ray/ray_current_cluster, and a plain
+# `ray.init()` in the other process would join it instead of starting its own: each
+# process keeps its Ray sessions in a folder of its own.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RAY_TMPDIR"] = f"/tmp/ray-{worker}"
+
 
 @pytest.fixture
 def peer_graphs() -> Path:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -32,23 +33,45 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    """A head node on loopback, auth off for start and submit alike (RAY_NOTES.md)."""
+def ray_head():
+    """A head node on loopback, auth off for start and submit alike (RAY_NOTES.md).
+
+    `ray start` runs in a process group of its own, which every process of the head
+    stays in (Ray starts them without a session of their own), and the teardown kills
+    that group: `ray stop` would end every Ray instance on the machine, the Ray sessions
+    of the suite's other test process (and anyone else's) too."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
     port, dashboard = free_port(), free_port()
-    temp = tmp_path_factory.mktemp("ray")
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
-                    f"--port={port}", f"--dashboard-port={dashboard}",
-                    "--dashboard-host=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
-                    f"--temp-dir={temp}",
-                    '--resources={"orchestrator_driver": 1000}'],
-                   env=env, check=True, capture_output=True, timeout=120)
+    # Short: Ray's socket paths under it must fit AF_UNIX's 107 bytes, which a folder
+    # under pytest's (per-worker) base temp does not. Not under RAY_TMPDIR either: the
+    # killed head's address file would stay there for this process's next `ray.init()`.
+    temp = tempfile.mkdtemp(prefix="ray-e2e-", dir="/tmp")
+    start = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", "--num-cpus=2",
+         "--disable-usage-stats", f"--temp-dir={temp}",
+         '--resources={"orchestrator_driver": 1000}'],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
     try:
+        output, _ = start.communicate(timeout=120)
+        assert start.returncode == 0, output[-4000:]
         yield {"env": env, "address": f"http://127.0.0.1:{dashboard}",
                "gcs": f"127.0.0.1:{port}"}
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True,
-                       timeout=120)
+        kill_process_group(start.pid)
+
+
+def kill_process_group(pgid: int, timeout_s: float = 60) -> None:
+    """SIGKILL to the group (what `ray stop --force` sends each Ray process), then wait
+    until it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
 
 
 def ray_cli(head, *args: str) -> str:
