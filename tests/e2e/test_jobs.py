@@ -41,14 +41,19 @@ def ray_head():
     that group: `ray stop` would end every Ray instance on the machine, the Ray sessions
     of the suite's other test process (and anyone else's) too."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}"}
-    port, dashboard = free_port(), free_port()
+    # Every port its own: Ray's fixed defaults (the job agent's 52365, the client
+    # server's 10001) are taken when the suite's other process runs Ray at the same
+    # time, and a head whose job agent cannot bind refuses every submission.
+    port, dashboard, agent, client = (free_port() for _ in range(4))
     # Short: Ray's socket paths under it must fit AF_UNIX's 107 bytes, which a folder
     # under pytest's (per-worker) base temp does not. Not under RAY_TMPDIR either: the
     # killed head's address file would stay there for this process's next `ray.init()`.
     temp = tempfile.mkdtemp(prefix="ray-e2e-", dir="/tmp")
     start = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-         f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1", "--num-cpus=2",
+         f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
+         f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+         "--num-cpus=2",
          "--disable-usage-stats", f"--temp-dir={temp}",
          '--resources={"orchestrator_driver": 1000}'],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
