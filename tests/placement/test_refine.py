@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.graph import Edge, Op, OpGraph
-from placement.refine import chain_search, justified, kicked_search
+from placement.refine import chain_search, justified, kicked_search, order_search
 from placement.simulate import critical_chain, evaluate_order, list_schedule
 from tests.placement.helpers import dag
+from tests.placement.milp_cases import topological_orders
 from tests.placement.test_simulate import random_dags, random_placement, tasks
 
 
@@ -118,3 +119,39 @@ def test_justification_runs_the_short_feeder_first():
     listed = list_schedule(tg, gd, 2)
     assert listed.step_time_s == 22.0
     assert justified(tg, gd, 2, listed).step_time_s == 19.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(), st.integers(1, 3), st.integers(1, 2), st.randoms())
+def test_order_search_never_loses_and_its_order_gives_its_times(graph, k, micro, rnd):
+    tg = tasks(graph, k=micro)
+    gd = random_placement(tg, k, rnd)
+    listed = list_schedule(tg, gd, k)
+    found = order_search(tg, gd, listed, deadline=time.perf_counter() + 0.2,
+                         rng=np.random.default_rng(0), patience=5)
+    assert found.step_time_s <= listed.step_time_s
+    again = evaluate_order(tg, gd, found.order)
+    assert np.allclose(again.start_s, found.start_s)
+
+
+def test_order_search_runs_the_early_input_first_where_ranks_and_justification_do_not():
+    # Device 0 holds a (7) and e (5); device 1 holds b (6), c (4), d (3) and f (6),
+    # with a -> b (transfer 4), a -> c (3), b -> d, b -> f and e -> f (3). The ranks put
+    # b first on device 1, which idles until b's input arrives at 11 and runs c last:
+    # 30, and justification keeps that order. c first (10 to 14, while b's input is
+    # on its way) gives 29, the best order over every topological order.
+    times = [7.0, 6.0, 4.0, 3.0, 5.0, 6.0]
+    edges = [(0, 1, 4.0), (0, 2, 3.0), (1, 3, 4.0), (1, 5, 3.0), (4, 5, 3.0)]
+    graph = OpGraph(ops=tuple(Op(id=i, name=f"op{i}", forward_s={"any": t})
+                              for i, t in enumerate(times)),
+                    edges=tuple(Edge(src=s, dst=d, cost_s=c) for s, d, c in edges))
+    tg = tasks(graph)
+    gd = np.array([0, 1, 1, 1, 0, 1])
+    dev = tg.task_devices(gd)
+    best = min(evaluate_order(tg, gd, [[t for t in o if dev[t] == d] for d in range(2)]
+                              ).step_time_s for o in topological_orders(tg))
+    listed = list_schedule(tg, gd, 2)
+    assert listed.step_time_s == justified(tg, gd, 2, listed).step_time_s == 30.0 > best
+    found = order_search(tg, gd, listed, deadline=time.perf_counter() + 5,
+                         rng=np.random.default_rng(0), patience=0)
+    assert found.step_time_s == best == 29.0
