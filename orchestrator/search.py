@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from ray.tune.search import Searcher
 
+from orchestrator.train.job import TIMED_HERE
+from placement.scaling.timed_step import TimedStep
 from placement.sweep_rank import Measurement, fit_correction, next_candidate, ranked
 from placement.sweep_space import Candidate
 
@@ -50,9 +52,11 @@ class CorrectedSearcher(Searcher):
         if error or trial_id not in self.suggested or not math.isfinite(measured):
             return
         c = self.suggested[trial_id]
-        self.measurements.append(Measurement(mp_degree=c.mp_degree,
-                                             predicted_step_s=c.predicted_step_s,
-                                             measured_step_s=measured))
+        retimed = result.get(TIMED_HERE)
+        self.measurements.append(Measurement(
+            mp_degree=c.mp_degree, predicted_step_s=c.predicted_step_s, measured_step_s=measured,
+            retimed=None if retimed is None else TimedStep.from_dict(retimed),
+            worker_batch=c.config.worker_batch))
 
     def get_state(self) -> dict:
         return {"candidates": self.candidates, "max_trials": self.max_trials,

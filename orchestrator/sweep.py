@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray import tune
@@ -93,6 +93,9 @@ class SweepJob:
     storage: str
     """The job's storage, an absolute path: the sweep goes to its EXPERIMENT folder, the
     trials' TorchTrainer runs to its `trials` folder."""
+    time_batches: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    """The worker batches at which each mp_degree's trials time their own step (those
+    timed before the sweep); an mp_degree without any times none."""
 
     def worker_job(self, c: Candidate) -> WorkerJob:
         """A trial's training run: the candidate's, projecting its time to accuracy."""
@@ -100,7 +103,8 @@ class SweepJob:
                            device_kind=self.device_kind, data=self.data)
         return WorkerJob(train=cfg, plan=self.plans[c.mp_degree],
                          projection=Projection.at_batch(self.efficiency, self.dataset_size,
-                                                        c.global_batch))
+                                                        c.global_batch),
+                         time_batches=tuple(self.time_batches.get(c.mp_degree, ())))
 
 
 def _trial(config: dict, *, job: SweepJob) -> None:

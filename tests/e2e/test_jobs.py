@@ -180,6 +180,10 @@ def assert_every_mp_degree_ranked(winner: dict) -> None:
     assert {t["mp_degree"] for t in winner["timed_steps"]} >= {1, 2}
     calibrated = [t for t in trials if t["calibrated"]]
     assert calibrated, [t["key"] for t in trials]
+    # Every trial timed its own step in its workers before its first step, and the later
+    # trials of its mp_degree ranked from that timing (sweep_rank.py).
+    assert all(t["timed_here_step_s"] > 0 for t in trials), trials
+    assert all("timed in" in t["correction_from"] for t in calibrated), calibrated
     for t in trials:
         assert t["step_source"] == TIMED, t
         assert t["measured_step_s"] > 0 and t["predicted_step_s"] > 0, t
