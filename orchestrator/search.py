@@ -22,6 +22,14 @@ from placement.sweep_space import Candidate
 MEASURED = "measured_step_s"
 
 
+def _unflattened(result: dict, key: str) -> dict:
+    """The dict a worker reported under `key`, from the flattened result Tune hands a
+    searcher (tune_controller's flatten_dict: `{key: {"a": 1}}` arrives as `{"key/a": 1}`);
+    empty where it reported none."""
+    prefix = f"{key}/"
+    return {k[len(prefix):]: v for k, v in result.items() if k.startswith(prefix)}
+
+
 class CorrectedSearcher(Searcher):
     """Suggests `{"candidate": ..., "ranked": ..., "order": n}` configs (the n-th
     suggested, from 1), at most `max_trials`."""
@@ -52,10 +60,10 @@ class CorrectedSearcher(Searcher):
         if error or trial_id not in self.suggested or not math.isfinite(measured):
             return
         c = self.suggested[trial_id]
-        retimed = result.get(TIMED_HERE)
+        retimed = _unflattened(result, TIMED_HERE)
         self.measurements.append(Measurement(
             mp_degree=c.mp_degree, predicted_step_s=c.predicted_step_s, measured_step_s=measured,
-            retimed=None if retimed is None else TimedStep.from_dict(retimed),
+            retimed=TimedStep.from_dict(retimed) if retimed else None,
             worker_batch=c.config.worker_batch))
 
     def get_state(self) -> dict:

@@ -72,6 +72,8 @@ def test_a_trials_record_keeps_the_prediction_that_ranked_it():
 
 
 def test_a_trials_own_timing_ranks_the_rest_of_its_mp_degree():
+    from ray.tune.utils import flatten_dict
+
     from orchestrator.train.job import TIMED_HERE
     from placement.scaling.timed_step import TimedStep
 
@@ -81,7 +83,8 @@ def test_a_trials_own_timing_ranks_the_rest_of_its_mp_degree():
                     rounds=5)
     s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
     assert Candidate.from_dict(s.suggest("t1")["candidate"]).key() == "mp1-b64"
-    s.on_trial_complete("t1", {MEASURED: 0.02, TIMED_HERE: own.to_dict()})
+    # Flattened, as Tune hands a searcher its results.
+    s.on_trial_complete("t1", flatten_dict({MEASURED: 0.02, TIMED_HERE: own.to_dict()}))
     s.suggest("t2")
     s.on_trial_complete("t2", {MEASURED: 0.04})  # mp 2: ratio 4, shrunk to 2
     third = s.suggest("t3")
