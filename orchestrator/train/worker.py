@@ -220,6 +220,8 @@ class HybridWorker:
         with torch.no_grad():
             for name, b in self.model.named_buffers():
                 b.copy_(buffers[name])
+        # The report interval counts from the first step, not from before the timing.
+        self.last_report = time.monotonic()
 
     def result(self) -> dict:
         """The run's history, where every worker ran, and the final parameters."""
