@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from orchestrator.train.cluster import DRIVER_RESOURCE, DRIVER_RESOURCE_AMOUNT
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.errors import user_error_in
 from orchestrator.train.job import Projection, WorkerJob
-from orchestrator.train.leaks import reclaim_leaked_placement_groups
+from orchestrator.train.leaks import reclaiming_leaked_groups
 from orchestrator.train.trainer import torch_trainer
 from placement.errors import UserError
 from placement.plan import Plan
@@ -124,37 +122,8 @@ def _trial(config: dict, *, job: SweepJob) -> None:
                             name=f"train-{tune.get_context().get_trial_id()}",
                             storage_path=str(Path(job.storage) / "trials"), num_to_keep=1,
                             callbacks=[TuneReportCallback()])
-    with _reclaiming_leaked_groups(RECLAIM_EVERY_S):
+    with reclaiming_leaked_groups():
         trainer.fit()
-
-
-#: Seconds between a trial's looks for the worker groups of trials stopped before it.
-RECLAIM_EVERY_S = 5.0
-
-
-@contextmanager
-def _reclaiming_leaked_groups(every_s: float) -> Iterator[None]:
-    """While a trial runs, remove the placement groups Ray left behind (leaks.py) now
-    and every `every_s`: a trial ASHA stopped leaves its Train controller's worker group
-    holding its CPUs after the controller dies, and this trial's workers would wait for
-    them forever. A loop, not one look: the stopped trial's controller may die a moment
-    after this trial starts."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while True:
-            for line in reclaim_leaked_placement_groups():
-                print(line, flush=True)
-            if stop.wait(every_s):
-                return
-
-    looker = threading.Thread(target=loop, name="reclaim-leaked-groups", daemon=True)
-    looker.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        looker.join()
 
 
 def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int,

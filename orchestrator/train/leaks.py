@@ -3,7 +3,9 @@ and removed before a job on a shared cluster asks for bundles of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
@@ -98,3 +100,34 @@ def reclaim_leaked_placement_groups() -> list[str]:
                         "ends" if group.job_id in dead_jobs else
                         "its dead creator actor: Ray keeps the group of a killed actor"))
     return lines
+
+
+#: Seconds between looks for leaked groups while a training run waits for or holds its
+#: worker group (`reclaiming_leaked_groups`).
+RECLAIM_EVERY_S = 5.0
+
+
+@contextmanager
+def reclaiming_leaked_groups(every_s: float = RECLAIM_EVERY_S) -> Iterator[None]:
+    """While a TorchTrainer runs (a sweep trial's or the final one), reclaim leaked
+    groups now and every `every_s`, saying which: the Train controller of a trial that
+    ASHA stopped, or that Tune ended a moment after its run returned, may die before
+    its worker group is removed, and the next run's workers would wait for those CPUs
+    forever (seen for the next trial and for the final run, 2026-12-02). A loop, not one
+    look: the other controller may die a moment after this run starts."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            for line in reclaim_leaked_placement_groups():
+                print(line, flush=True)
+            if stop.wait(every_s):
+                return
+
+    looker = threading.Thread(target=loop, name="reclaim-leaked-groups", daemon=True)
+    looker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        looker.join()

@@ -178,3 +178,17 @@ def test_the_group_of_a_killed_actor_in_a_live_job_is_reclaimed(local_ray, capsy
     assert len(removed) == 1 and killed_group in removed[0], removed
     assert "dead creator actor" in removed[0]
     assert not_removed() == {own.id.hex(), live_group}
+
+
+def test_a_run_reclaims_at_once_and_every_interval_until_it_returns(monkeypatch, capsys):
+    from orchestrator.train import leaks
+
+    looks = []
+    monkeypatch.setattr(leaks, "reclaim_leaked_placement_groups",
+                        lambda: looks.append(time.monotonic()) or [f"removed {len(looks)}"])
+    with leaks.reclaiming_leaked_groups(every_s=0.05):
+        time.sleep(0.3)
+    stopped = len(looks)
+    time.sleep(0.2)
+    assert len(looks) == stopped >= 3  # the first at once, none after the run
+    assert "removed 1" in capsys.readouterr().out
