@@ -136,7 +136,9 @@ def batch_rule(args: JobArgs, base_batch: int, measured_here: bool) -> BatchRule
 
 def trial_status(t: dict) -> str:
     """One status line per trial: the prediction it was ranked by against its measure."""
-    measure = "; ".join(filter(None, (f"{t['error']:+.0%}", cores_text(t))))
+    own = t["timed_here_step_s"]
+    timed_here = None if own is None else f"timed in its workers at {own * 1e3:.1f} ms"
+    measure = "; ".join(filter(None, (f"{t['error']:+.0%}", cores_text(t), timed_here)))
     return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step "
             f"({t['step_source']} {t['model_step_s'] * 1e3:.1f} ms "
             f"{t['overhead_s'] * 1e3:+.1f} ms, from "
@@ -316,7 +318,8 @@ def sweep_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph, plans: dict[in
                         f"{[c.key() for c in kept]}")
     job = SweepJob(model=args.model, preset=args.preset, steps=args.trial_steps,
                    data=args.data, device_kind=kind, plans=plans, efficiency=efficiency,
-                   dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()))
+                   dataset_size=inputs.dataset_size, storage=str(args.storage.resolve()),
+                   time_batches={m: t.batches for m, t in (timed or {}).items()})
     grid = run_sweep(kept, job, max_trials=args.max_trials, max_concurrent=concurrent,
                      time_budget_s=args.time_budget_s, resume=args.resume, driver=driver)
     if args.resume:

@@ -13,11 +13,21 @@ from collections.abc import Sequence
 
 from ray.tune.search import Searcher
 
+from orchestrator.train.job import TIMED_HERE
+from placement.scaling.timed_step import TimedStep
 from placement.sweep_rank import Measurement, fit_correction, next_candidate, ranked
 from placement.sweep_space import Candidate
 
 #: The worker's metric of a trial's median step time (warm-up steps left out).
 MEASURED = "measured_step_s"
+
+
+def _unflattened(result: dict, key: str) -> dict:
+    """The dict a worker reported under `key`, from the flattened result Tune hands a
+    searcher (tune_controller's flatten_dict: `{key: {"a": 1}}` arrives as `{"key/a": 1}`);
+    empty where it reported none."""
+    prefix = f"{key}/"
+    return {k[len(prefix):]: v for k, v in result.items() if k.startswith(prefix)}
 
 
 class CorrectedSearcher(Searcher):
@@ -50,9 +60,11 @@ class CorrectedSearcher(Searcher):
         if error or trial_id not in self.suggested or not math.isfinite(measured):
             return
         c = self.suggested[trial_id]
-        self.measurements.append(Measurement(mp_degree=c.mp_degree,
-                                             predicted_step_s=c.predicted_step_s,
-                                             measured_step_s=measured))
+        retimed = _unflattened(result, TIMED_HERE)
+        self.measurements.append(Measurement(
+            mp_degree=c.mp_degree, predicted_step_s=c.predicted_step_s, measured_step_s=measured,
+            retimed=TimedStep.from_dict(retimed) if retimed else None,
+            worker_batch=c.config.worker_batch))
 
     def get_state(self) -> dict:
         return {"candidates": self.candidates, "max_trials": self.max_trials,

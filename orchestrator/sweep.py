@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray import tune
@@ -25,6 +25,7 @@ from orchestrator.train.cluster import DRIVER_RESOURCE, DRIVER_RESOURCE_AMOUNT
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.errors import user_error_in
 from orchestrator.train.job import Projection, WorkerJob
+from orchestrator.train.leaks import reclaiming_leaked_groups
 from orchestrator.train.trainer import torch_trainer
 from placement.errors import UserError
 from placement.plan import Plan
@@ -93,6 +94,9 @@ class SweepJob:
     storage: str
     """The job's storage, an absolute path: the sweep goes to its EXPERIMENT folder, the
     trials' TorchTrainer runs to its `trials` folder."""
+    time_batches: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    """The worker batches at which each mp_degree's trials time their own step (those
+    timed before the sweep); an mp_degree without any times none."""
 
     def worker_job(self, c: Candidate) -> WorkerJob:
         """A trial's training run: the candidate's, projecting its time to accuracy."""
@@ -100,7 +104,8 @@ class SweepJob:
                            device_kind=self.device_kind, data=self.data)
         return WorkerJob(train=cfg, plan=self.plans[c.mp_degree],
                          projection=Projection.at_batch(self.efficiency, self.dataset_size,
-                                                        c.global_batch))
+                                                        c.global_batch),
+                         time_batches=tuple(self.time_batches.get(c.mp_degree, ())))
 
 
 def _trial(config: dict, *, job: SweepJob) -> None:
@@ -117,7 +122,8 @@ def _trial(config: dict, *, job: SweepJob) -> None:
                             name=f"train-{tune.get_context().get_trial_id()}",
                             storage_path=str(Path(job.storage) / "trials"), num_to_keep=1,
                             callbacks=[TuneReportCallback()])
-    trainer.fit()
+    with reclaiming_leaked_groups():
+        trainer.fit()
 
 
 def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int,

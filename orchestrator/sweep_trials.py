@@ -9,7 +9,9 @@ from collections.abc import Iterable
 
 from orchestrator.search import MEASURED
 from orchestrator.sweep import METRIC
+from orchestrator.train.job import TIMED_HERE
 from orchestrator.train.step_breakdown import PARTS
+from placement.scaling.timed_step import TimedStep
 from placement.sweep_rank import Correction
 from placement.sweep_space import Candidate
 
@@ -22,6 +24,7 @@ def trial_record(config: dict, metrics: dict) -> dict:
     ranked = config["ranked"]
     correction = Correction.from_dict(ranked["correction"])
     measured = float(metrics[MEASURED])
+    timed_here = metrics.get(TIMED_HERE)
     return {
         "order": config["order"], "trial_id": metrics.get("trial_id"), "key": c.key(),
         "mp_degree": c.mp_degree, "dp_degree": c.dp_degree, "global_batch": c.global_batch,
@@ -30,10 +33,14 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "predicted_parts_s": dict(c.predicted_parts_s),
         "predicted_step_s": ranked["predicted_step_s"],
         "predicted_time_s": ranked["predicted_time_s"],
-        "overhead_s": ranked["overhead_s"], "correction": ranked["correction"],
+        "overhead_s": ranked["overhead_s"], "base_step_s": ranked["base_step_s"],
+        "correction": ranked["correction"],
         "correction_from": correction.source(c.mp_degree),
         "calibrated": correction.calibrated(c.mp_degree),
-        "measured_step_s": measured,
+        "measured_step_s": measured, "worker_batch": c.config.worker_batch,
+        "timed_here": timed_here,
+        "timed_here_step_s": None if timed_here is None else TimedStep.from_dict(
+            timed_here).step_s(c.config.worker_batch),
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),
         "breakdown_s": {p: float(metrics.get(f"time_{p}_s", math.nan)) for p in PARTS},

@@ -18,7 +18,17 @@ third of its miss; a difference the trials keep repeating takes over as they add
 Replayed on the same 14 trials, this puts 7 within 15%: no worse than the timing alone,
 where the full overhead did harm.
 An mp_degree not measured yet takes the median ratio of all trials (the host's load is
-shared), shrunk the same way by their number."""
+shared), shrunk the same way by their number.
+
+A trial may also time its own mp_degree's step at every worker batch, in its own workers
+just before its first step (orchestrator/train/step_timing.py `time_in_worker`): the same
+rounds as the timing before the sweep, but in a Ray Train worker group of the trial's
+shape, which the timing in the driver's forked processes is not (the same rounds ran
+15-40% slower in a TorchTrainer worker than in a plain process, docs/benchmarks.md
+"Sweep"). Once a trial of an mp_degree has done so, the rest of that mp_degree ranks from
+those timings (their median at the candidate's worker batch), and its ratio is what its
+trials measured over their own timing at their own batch: a ratio between two figures of
+one process, which leaves out what differs from one process to the next."""
 
 from __future__ import annotations
 
@@ -27,6 +37,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from placement.scaling.timed_step import TimedStep
 from placement.sweep_space import Candidate, best_per_mp_degree
 
 #: How many trials the timed step is worth against the trials' own measures.
@@ -36,20 +47,34 @@ PRIOR_TRIALS = 2
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
     """What one finished trial taught: its mp_degree, the model's uncorrected step time
-    for it and the median step time it measured, in seconds."""
+    for it and the median step time it measured, in seconds; and, where the trial timed
+    its mp_degree's step in its own workers, that timing and the trial's worker batch."""
 
     mp_degree: int
     predicted_step_s: float
     measured_step_s: float
+    retimed: TimedStep | None = None
+    """The trial's own timing of its mp_degree's worker step (None: it timed nothing)."""
+    worker_batch: float | None = None
+    """Samples per worker per step of the trial (needed with `retimed`)."""
 
     def __post_init__(self) -> None:
         if not (self.predicted_step_s > 0 and self.measured_step_s > 0):
             raise ValueError(f"predicted_step_s={self.predicted_step_s} and measured_step_s="
                              f"{self.measured_step_s} must both be > 0")
+        if self.retimed is not None and self.worker_batch is None:
+            raise ValueError("a measurement with its trial's own timing needs its worker_batch")
 
     @property
     def ratio(self) -> float:
+        """Measured over the step that ranked the trial before any correction."""
         return self.measured_step_s / self.predicted_step_s
+
+    @property
+    def retimed_ratio(self) -> float:
+        """Measured over the trial's own timing at its worker batch."""
+        assert self.retimed is not None and self.worker_batch is not None
+        return self.measured_step_s / self.retimed.step_s(self.worker_batch)
 
 
 def shrunk(ratios: Sequence[float]) -> float:
@@ -60,7 +85,9 @@ def shrunk(ratios: Sequence[float]) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class Correction:
-    """measured step = predicted step x ratio, one ratio per measured mp_degree."""
+    """measured step = base step x ratio, one ratio per measured mp_degree. The base step
+    is the trials' own timing of their mp_degree where they timed it (`retimed`), else
+    the step that ranked the candidate before any correction."""
 
     ratios: Mapping[int, float] = field(default_factory=dict)
     """The shrunk ratio of each measured mp_degree."""
@@ -68,12 +95,26 @@ class Correction:
     """How many trials of each mp_degree stand behind its ratio."""
     shared_ratio: float = 1.0
     """The ratio of an mp_degree not measured yet: all trials' median, shrunk; else 1."""
+    retimed: Mapping[int, tuple[TimedStep, ...]] = field(default_factory=dict)
+    """Each mp_degree's steps as its trials timed them in their own workers."""
 
     def ratio(self, mp_degree: int) -> float:
         return self.ratios.get(mp_degree, self.shared_ratio)
 
-    def step_s(self, mp_degree: int, predicted_step_s: float) -> float:
-        return predicted_step_s * self.ratio(mp_degree)
+    def base_s(self, mp_degree: int, predicted_step_s: float,
+               worker_batch: float | None = None) -> float:
+        """The step the ratio multiplies: the median of the trials' own timings at
+        `worker_batch` where `mp_degree`'s trials timed it, else `predicted_step_s`."""
+        if mp_degree not in self.retimed:
+            return predicted_step_s
+        if worker_batch is None:
+            raise ValueError(f"mp {mp_degree} ranks from its trials' own timings: give the "
+                             "candidate's worker_batch")
+        return statistics.median(t.step_s(worker_batch) for t in self.retimed[mp_degree])
+
+    def step_s(self, mp_degree: int, predicted_step_s: float,
+               worker_batch: float | None = None) -> float:
+        return self.base_s(mp_degree, predicted_step_s, worker_batch) * self.ratio(mp_degree)
 
     def calibrated(self, mp_degree: int) -> bool:
         return mp_degree in self.ratios
@@ -82,7 +123,9 @@ class Correction:
         """Where the ratio of `mp_degree` comes from, in words."""
         if mp_degree in self.ratios:
             n = self.trials[mp_degree]
-            return f"{n} mp {mp_degree} trial{'s' * (n > 1)}"
+            timed = (f", timed in {'their' if n > 1 else 'its'} workers"
+                     if mp_degree in self.retimed else "")
+            return f"{n} mp {mp_degree} trial{'s' * (n > 1)}{timed}"
         if self.ratios:
             n = sum(self.trials.values())
             return f"{n} trial{'s' * (n > 1)} of other mp_degrees"
@@ -91,23 +134,35 @@ class Correction:
     def to_dict(self) -> dict[str, Any]:
         return {"ratios": {str(m): r for m, r in sorted(self.ratios.items())},
                 "trials": {str(m): n for m, n in sorted(self.trials.items())},
-                "shared_ratio": self.shared_ratio}
+                "shared_ratio": self.shared_ratio,
+                "retimed": {str(m): [t.to_dict() for t in ts]
+                            for m, ts in sorted(self.retimed.items())}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Correction:
         return cls(ratios={int(m): r for m, r in d["ratios"].items()},
                    trials={int(m): n for m, n in d["trials"].items()},
-                   shared_ratio=d["shared_ratio"])
+                   shared_ratio=d["shared_ratio"],
+                   retimed={int(m): tuple(TimedStep.from_dict(t) for t in ts)
+                            for m, ts in d["retimed"].items()})
 
 
 def fit_correction(measurements: Sequence[Measurement]) -> Correction:
     """The shrunk ratio of each mp_degree measured so far (medians: one trial caught by a
-    neighbour's burst moves it less once there are three)."""
-    by_mp: dict[int, list[float]] = {}
+    neighbour's burst moves it less once there are three). An mp_degree whose trials
+    timed their own step keeps only those trials: ratios against their own timings."""
+    by_mp: dict[int, list[Measurement]] = {}
     for m in measurements:
-        by_mp.setdefault(m.mp_degree, []).append(m.ratio)
-    return Correction(ratios={mp: shrunk(rs) for mp, rs in by_mp.items()},
-                      trials={mp: len(rs) for mp, rs in by_mp.items()},
+        by_mp.setdefault(m.mp_degree, []).append(m)
+    ratios, trials, retimed = {}, {}, {}
+    for mp, ms in by_mp.items():
+        own = [m for m in ms if m.retimed is not None]
+        if own:
+            retimed[mp] = tuple(m.retimed for m in own)
+            ratios[mp], trials[mp] = shrunk([m.retimed_ratio for m in own]), len(own)
+        else:
+            ratios[mp], trials[mp] = shrunk([m.ratio for m in ms]), len(ms)
+    return Correction(ratios=ratios, trials=trials, retimed=retimed,
                       shared_ratio=shrunk([m.ratio for m in measurements])
                       if measurements else 1.0)
 
@@ -119,20 +174,27 @@ class Ranked:
     predicted_step_s: float
     predicted_time_s: float
     overhead_s: float
+    """`predicted_step_s` less the candidate's uncorrected step."""
+    base_step_s: float
+    """The step the correction's ratio multiplied (`Correction.base_s`)."""
     correction: Correction
 
     def to_dict(self) -> dict[str, Any]:
         return {"predicted_step_s": self.predicted_step_s,
                 "predicted_time_s": self.predicted_time_s, "overhead_s": self.overhead_s,
-                "correction": self.correction.to_dict()}
+                "base_step_s": self.base_step_s, "correction": self.correction.to_dict()}
 
 
 def ranked(c: Candidate, correction: Correction) -> Ranked:
-    """Time to accuracy is steps x step time: the corrected step scales it."""
-    step = correction.step_s(c.mp_degree, c.predicted_step_s)
+    """Time to accuracy is steps x step time: the corrected step scales it (by the
+    steps' ratio, so that an uncorrected candidate keeps its time exactly and ties
+    still break by key)."""
+    base = correction.base_s(c.mp_degree, c.predicted_step_s, c.config.worker_batch)
+    step = base * correction.ratio(c.mp_degree)
     return Ranked(predicted_step_s=step,
-                  predicted_time_s=c.predicted_time_s * step / c.predicted_step_s,
-                  overhead_s=step - c.predicted_step_s, correction=correction)
+                  predicted_time_s=c.predicted_time_s * (step / c.predicted_step_s),
+                  overhead_s=step - c.predicted_step_s, base_step_s=base,
+                  correction=correction)
 
 
 def next_candidate(candidates: Sequence[Candidate], tried: Collection[str],

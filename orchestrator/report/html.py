@@ -71,6 +71,10 @@ def _timed_text(timed: list[dict] | None) -> str:
             "workers side by side)")
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
 def _trial_row(t: dict) -> str:
     parts = " / ".join(f"{t['breakdown_s'][p] * 1e3:.1f}" for p in PARTS)
     mark = "" if not t["calibrated"] else (" ok" if abs(t["error"]) <= CALIBRATED_TOLERANCE
@@ -80,7 +84,8 @@ def _trial_row(t: dict) -> str:
             f"<td>{t['model_step_s'] * 1e3:.2f}</td>"
             f"<td>{t['overhead_s'] * 1e3:+.2f} ({html.escape(t['correction_from'])})</td>"
             f"<td>{t['predicted_step_s'] * 1e3:.2f}</td><td>{t['measured_step_s'] * 1e3:.2f}</td>"
-            f"<td>{t['error']:+.1%}{mark}</td><td>{html.escape(cores_text(t)) or '-'}</td>"
+            f"<td>{t['error']:+.1%}{mark}</td><td>{_ms(t['timed_here_step_s'])}</td>"
+            f"<td>{html.escape(cores_text(t)) or '-'}</td>"
             f"<td>{parts}</td>"
             f"<td>{t['projected_time_s']:.4g}</td><td>{t['loss']:.4f}</td>"
             f"<td>{_noise(t['noise_scale'])}</td><td>{t['steps']}</td></tr>")
@@ -132,7 +137,9 @@ Final run: loss {losses[0]:.3f} at its first step, {losses[-1]:.3f} at its last.
 <p>Each trial's step before correction: {html.escape(summary['step_prediction'])}
 {html.escape(_timed_text(summary['timed_steps']))}.
 Correction learned (measured step = the uncorrected x a ratio per mp_degree, the trials'
-median ratio shrunk towards 1 as if {PRIOR_TRIALS} more trials had measured the timed step):
+median ratio shrunk towards 1 as if {PRIOR_TRIALS} more trials had measured the timed step;
+where an mp_degree's trials timed its step in their own workers before their first step, the
+rest of it rank from those timings, and its ratio is measured over them):
 {html.escape(learned_correction(rows))}. A trial ranked with the ratio of its own mp_degree
 must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).
 Cores: how many of the host's cores the trial's worker kept busy from the end of its data
@@ -143,7 +150,8 @@ fewer shared them with other processes while it ran.</p>
 <h2>Trials, in the order the sweep ran them</h2>
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
 <th>uncorrected step (ms)</th><th>correction (ms)</th><th>ranked step (ms)</th>
-<th>measured step (ms)</th><th>error</th><th>cores (trial, timing)</th>
+<th>measured step (ms)</th><th>error</th><th>timed in its workers (ms)</th>
+<th>cores (trial, timing)</th>
 <th>{' / '.join(PARTS)} (ms)</th>
 <th>projected time (s)</th><th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
 <h2>Plans (one worker per mp_degree)</h2>

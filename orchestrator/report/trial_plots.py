@@ -13,16 +13,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from orchestrator.sweep_trials import CALIBRATED_TOLERANCE  # noqa: E402
 from orchestrator.train.step_breakdown import PARTS  # noqa: E402
+from placement.scaling.timed_step import TimedStep  # noqa: E402
 from placement.sweep_rank import Measurement, fit_correction  # noqa: E402
 
 
 def learned_correction(rows: Sequence[dict]) -> str:
     """The correction fitted from every trial, in words."""
-    fitted = fit_correction([Measurement(mp_degree=t["mp_degree"],
-                                         predicted_step_s=t["model_step_s"],
-                                         measured_step_s=t["measured_step_s"]) for t in rows])
-    return ", ".join(f"mp {m}: x{r:.3f} ({fitted.trials[m]} trial"
-                     f"{'s' * (fitted.trials[m] > 1)})"
+    fitted = fit_correction([Measurement(
+        mp_degree=t["mp_degree"], predicted_step_s=t["model_step_s"],
+        measured_step_s=t["measured_step_s"], worker_batch=t["worker_batch"],
+        retimed=None if t["timed_here"] is None else TimedStep.from_dict(t["timed_here"]))
+        for t in rows])
+    return ", ".join(f"mp {m}: x{r:.3f} ({fitted.source(m)})"
                      for m, r in sorted(fitted.ratios.items())) or "none (no trial reported)"
 
 

@@ -11,6 +11,10 @@ from orchestrator.train.config import TrainConfig
 from placement.plan import Plan, plan_from_dict
 from placement.scaling.efficiency import StatisticalEfficiency, steps_per_run
 
+#: The metric in which a sweep trial's rank 0 reports its own timing of its step (a
+#: TimedStep's to_dict) with each of its steps' reports (`WorkerJob.time_batches`).
+TIMED_HERE = "timed_here"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Projection:
@@ -47,13 +51,17 @@ class WorkerJob:
     """Where the failure-injection test hook remembers the failures it made."""
     resume_from: str | None = None
     """A checkpoint directory of an earlier run, loaded when this run has none yet."""
+    time_batches: tuple[float, ...] = ()
+    """Worker batches at which a sweep trial times its own step before its first one
+    (orchestrator/train/step_timing.py `time_in_worker`); empty: none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"train": self.train.to_dict(), "plan": self.plan.to_dict(),
                 "projection": None if self.projection is None else {
                     "epochs": self.projection.epochs,
                     "dataset_size": self.projection.dataset_size},
-                "marker_dir": self.marker_dir, "resume_from": self.resume_from}
+                "marker_dir": self.marker_dir, "resume_from": self.resume_from,
+                "time_batches": list(self.time_batches)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkerJob:
@@ -61,4 +69,5 @@ class WorkerJob:
         return cls(train=TrainConfig.from_dict(data["train"]),
                    plan=plan_from_dict(data["plan"]),
                    projection=None if projection is None else Projection(**projection),
-                   marker_dir=data["marker_dir"], resume_from=data["resume_from"])
+                   marker_dir=data["marker_dir"], resume_from=data["resume_from"],
+                   time_batches=tuple(data["time_batches"]))

@@ -3,7 +3,9 @@ and removed before a job on a shared cluster asks for bundles of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
@@ -21,17 +23,23 @@ class PlacementGroupRecord:
     """None for a group a driver created, or whose creator the GCS has marked dead."""
     resources: Mapping[str, float]
     """Summed over its bundles."""
+    actor_created: bool = False
+    """Whether an actor (not a driver) created it."""
 
 
 def leaked(groups: list[PlacementGroupRecord], dead_jobs: set[str],
            actor_alive: Callable[[str], bool]) -> list[PlacementGroupRecord]:
     """Groups whose creator is gone (Ray's lifetime rule: a group that is not detached
     lives as long as the actor or driver that created it, and no longer than its job)
-    but which still hold their bundles. `actor_alive` is asked only about the creators of
-    groups that are not detached and whose job has ended: each answer is a GCS lookup."""
+    but which still hold their bundles: in an ended job, those of a driver or of an actor
+    that died; in a live job, those of an actor that died. `actor_alive` is asked only
+    about the creators of groups that are not detached whose job has ended or that an
+    actor created: each answer is a GCS lookup."""
+    def creator_gone(g: PlacementGroupRecord) -> bool:
+        return g.creator_actor_id is None or not actor_alive(g.creator_actor_id)
+
     return [g for g in groups if g.state != "REMOVED" and not g.detached
-            and g.job_id in dead_jobs
-            and (g.creator_actor_id is None or not actor_alive(g.creator_actor_id))]
+            and (g.job_id in dead_jobs or g.actor_created) and creator_gone(g)]
 
 
 def placement_groups_not_removed() -> list[PlacementGroupRecord]:
@@ -45,6 +53,7 @@ def placement_groups_not_removed() -> list[PlacementGroupRecord]:
     from ray.core.generated import gcs_pb2
 
     table = gcs_pb2.PlacementGroupTableData
+    nil_actor = ray.ActorID.nil().binary()  # a driver's groups name no creator actor
     records = []
     for raw in state._connect_and_get_accessor().get_placement_group_table():
         data = table.FromString(raw)
@@ -58,7 +67,7 @@ def placement_groups_not_removed() -> list[PlacementGroupRecord]:
             pg_id=data.placement_group_id.hex(), job_id=data.creator_job_id.hex(),
             state=table.PlacementGroupState.Name(data.state), detached=data.is_detached,
             creator_actor_id=None if data.creator_actor_dead else data.creator_actor_id.hex(),
-            resources=resources))
+            resources=resources, actor_created=data.creator_actor_id != nil_actor))
     return records
 
 
@@ -68,7 +77,11 @@ def reclaim_leaked_placement_groups() -> list[str]:
     marked finished: a driver killed while a trial's worker group was being placed left
     a group of two CPU bundles that the GCS registered 70 ms after "Marking job as
     finished" (CI's Ray logs), and the resumed sweep's trial waited for those CPUs for 30
-    minutes. Returns one line per group removed."""
+    minutes. And it keeps the group of an actor killed in a live job: a sweep trial that
+    ASHA stopped left its Train controller's worker group (2 x 1 CPU) CREATED minutes
+    after the controller died, beside a live PlacementGroupCleaner, and the next trial's
+    worker group waited for those CPUs until the demo was killed (3 of 5 demos on a
+    loaded host, 2026-12-02). Returns one line per group removed."""
     from ray._private.state import actors, jobs
     from ray.util.placement_group import PlacementGroup
 
@@ -82,6 +95,39 @@ def reclaim_leaked_placement_groups() -> list[str]:
             PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group.pg_id))))
         held = ", ".join(f"{name} {amount:g}"
                          for name, amount in sorted(group.resources.items()))
-        lines.append(f"removed placement group {group.pg_id} ({held}) left behind by ended "
-                     f"job {group.job_id}: Ray misses a group requested as its job ends")
+        lines.append(f"removed placement group {group.pg_id} ({held}) left behind by "
+                     + (f"ended job {group.job_id}: Ray misses a group requested as its job "
+                        "ends" if group.job_id in dead_jobs else
+                        "its dead creator actor: Ray keeps the group of a killed actor"))
     return lines
+
+
+#: Seconds between looks for leaked groups while a training run waits for or holds its
+#: worker group (`reclaiming_leaked_groups`).
+RECLAIM_EVERY_S = 5.0
+
+
+@contextmanager
+def reclaiming_leaked_groups(every_s: float = RECLAIM_EVERY_S) -> Iterator[None]:
+    """While a TorchTrainer runs (a sweep trial's or the final one), reclaim leaked
+    groups now and every `every_s`, saying which: the Train controller of a trial that
+    ASHA stopped, or that Tune ended a moment after its run returned, may die before
+    its worker group is removed, and the next run's workers would wait for those CPUs
+    forever (seen for the next trial and for the final run, 2026-12-02). A loop, not one
+    look: the other controller may die a moment after this run starts."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            for line in reclaim_leaked_placement_groups():
+                print(line, flush=True)
+            if stop.wait(every_s):
+                return
+
+    looker = threading.Thread(target=loop, name="reclaim-leaked-groups", daemon=True)
+    looker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        looker.join()

@@ -92,6 +92,15 @@ def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
     return samples
 
 
+def _sizes(plan: Plan, batches: Sequence[float]) -> list[int]:
+    """`batches` as the increasing whole worker batches the timing steps, each split
+    into the plan's micro-batches."""
+    sizes = sorted({int(b) for b in batches})
+    assert sizes and all(b == int(b) and b % plan.num_micro_batches == 0 for b in batches), (
+        batches, plan.num_micro_batches)
+    return sizes
+
+
 def _built(model: str, preset: str, plan: Plan, sizes: Sequence[int],
            seed: int) -> tuple[PlannedModel, dict[int, tuple]]:
     """The worker's executor of `plan` on CPU threads, and a batch of each size."""
@@ -101,13 +110,19 @@ def _built(model: str, preset: str, plan: Plan, sizes: Sequence[int],
     return planned, {b: planned.spec.make_batch(b) for b in sizes}
 
 
-def _timed_samples(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
-                   world: int, clock: Callable[[], float]) -> dict[float, list[StepParts]]:
+def _cpu_sync(planned: PlannedModel, plan: Plan, world: int) -> DDPSync | GradientSync:
+    """The worker's gradient sync of `planned` on CPU threads among `world` workers."""
+    return gradient_sync(planned, plan, [torch.device("cpu")] * plan.num_devices, world)
+
+
+def _timed_samples(planned: PlannedModel, sync: DDPSync | GradientSync,
+                   data: Mapping[int, tuple], *, world: int,
+                   clock: Callable[[], float]) -> dict[float, list[StepParts]]:
     """This worker's samples: its executor and gradient sync among `world` workers (the
     process group is up when world > 1)."""
-    sync = gradient_sync(planned, plan, [torch.device("cpu")] * plan.num_devices, world)
-    # lr 0: the timing's updates cost what the worker's do and leave the weights
-    # (and so the arithmetic's values) as they were built.
+    # lr 0, an optimizer of its own: the timing's updates cost what the worker's do and
+    # leave the weights (and so the arithmetic's values) and a trial's optimizer state
+    # as they were.
     optimizer = torch.optim.SGD(planned.spec.module.parameters(), lr=0.0, momentum=0.9)
 
     def step(b: int) -> StepParts:
@@ -138,7 +153,8 @@ def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Pla
                             world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        samples = _timed_samples(planned, plan, data, world=world, clock=time.perf_counter)
+        samples = _timed_samples(planned, _cpu_sync(planned, plan, world), data, world=world,
+                                 clock=time.perf_counter)
         # Every rank's gloo work is done before any rank tears its group down.
         dist.barrier()
     finally:
@@ -190,14 +206,28 @@ def time_plan(model: str, preset: str, plan: Plan, batches: Sequence[float], *,
     """`plan`'s worker step at each of `batches` (samples per worker) among `dp_degree`
     workers: in this process alone (dp 1, on `clock`), else side by side in forked
     processes (on their own perf_counter)."""
-    sizes = sorted({int(b) for b in batches})
-    assert sizes and all(b == int(b) and b % plan.num_micro_batches == 0 for b in batches), (
-        batches, plan.num_micro_batches)
+    sizes = _sizes(plan, batches)
     with _one_thread():
         planned, data = _built(model, preset, plan, sizes, seed)
-        samples = (_timed_samples(planned, plan, data, world=1, clock=clock) if dp_degree == 1
+        samples = (_timed_samples(planned, _cpu_sync(planned, plan, 1), data, world=1,
+                                  clock=clock) if dp_degree == 1
                    else _side_by_side(planned, plan, data, dp_degree=dp_degree))
     return timed_step(plan.num_devices, dp_degree, plan.num_micro_batches, samples)
+
+
+def time_in_worker(planned: PlannedModel, sync: DDPSync | GradientSync, plan: Plan,
+                   batches: Sequence[float], *, world: int) -> TimedStep:
+    """A sweep trial's own timing of its mp_degree's step at each of `batches`, run by
+    every one of its `world` workers at once (Ray Train's process group is up), with the
+    worker's own executor and gradient sync: the rounds `time_plan` runs before the
+    sweep, but inside the trial's worker group (placement/sweep_rank.py says why). Each
+    worker returns its own samples' TimedStep; rank 0's is the one a trial reports.
+    CPU-thread devices only, like `time_plan`: the steps are timed on the host's clock
+    without a device synchronize."""
+    sizes = _sizes(plan, batches)
+    data = {b: planned.spec.make_batch(b) for b in sizes}
+    samples = _timed_samples(planned, sync, data, world=world, clock=time.perf_counter)
+    return timed_step(plan.num_devices, world, plan.num_micro_batches, samples)
 
 
 def time_worker_steps(model: str, preset: str, plans: Mapping[int, Plan],

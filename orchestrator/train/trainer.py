@@ -15,6 +15,7 @@ from orchestrator.train.capacity import check_fits, cluster_nodes, worker_resour
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.errors import user_errors_raised
 from orchestrator.train.job import WorkerJob
+from orchestrator.train.leaks import reclaiming_leaked_groups
 from orchestrator.train.resources import acquire, load_node_types, plan_worker_request
 from orchestrator.train.sync import process_group_backend
 from orchestrator.train.worker import STATE_FILE, train_loop_per_worker
@@ -65,5 +66,5 @@ def fit(cfg: TrainConfig, worker_plan: Plan, *, storage: str | Path, name: str,
                     resume_from=None if resume_from is None else str(resume_from))
     trainer = torch_trainer(job, name=name, storage_path=str(Path(storage).resolve()),
                             max_failures=max_failures)
-    with user_errors_raised(TrainingFailedError):
+    with user_errors_raised(TrainingFailedError), reclaiming_leaked_groups():
         return trainer.fit().return_value

@@ -19,11 +19,13 @@ import torch.distributed as dist
 from orchestrator.runtime.devices import load_state, plan_devices, synchronize
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.job import Projection, WorkerJob
+from orchestrator.train.job import TIMED_HERE, Projection, WorkerJob
 from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock, device_timer
+from orchestrator.train.step_timing import time_in_worker
 from orchestrator.train.sync import collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
 from orchestrator.train.worker_executor import build_executor, gradient_sync
+from placement.scaling.timed_step import TimedStep
 
 STATE_FILE = "state.pt"
 
@@ -114,7 +116,9 @@ class HybridWorker:
         self.cfg = cfg = job.train
         self.marker_dir = job.marker_dir
         self.projection = job.projection
-        plan = job.plan
+        self.plan = plan = job.plan
+        self.time_batches = job.time_batches
+        self.timed_here: TimedStep | None = None
         torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
@@ -124,6 +128,7 @@ class HybridWorker:
         planned = build_executor(cfg.model, preset=cfg.preset, seed=cfg.seed, plan=plan,
                                  devices=self.devices, num_micro_batches=cfg.num_micro_batches,
                                  mixed_precision=cfg.mixed_precision)
+        self.planned = planned
         spec, self.executor = planned.spec, planned.executor
         self.model = spec.module
         self.backend = dist.get_backend() if self.world > 1 else "gloo"
@@ -185,6 +190,8 @@ class HybridWorker:
                                  self.history["step_times_s"][WARMUP_STEPS:]
                                  or self.history["step_times_s"]),
                    **clock.medians()}
+        if self.timed_here is not None:
+            metrics[TIMED_HERE] = self.timed_here.to_dict()
         checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
         report_due = bool(scalars[2] > 0)
         if checkpoint_due:
@@ -199,6 +206,22 @@ class HybridWorker:
         clock.mark("reporting")
         clock.finish()
         return metrics
+
+    def time_here(self) -> None:
+        """Time this worker's step at `time_batches` with every worker of the run
+        (step_timing.py `time_in_worker`); the steps' reports carry it from then on.
+        The training goes on as if nothing had run: the timing updates nothing (lr 0),
+        and the random streams and the module's buffers (e.g. batch norm's running
+        statistics) come back as they were."""
+        buffers = {name: b.clone() for name, b in self.model.named_buffers()}
+        with torch.random.fork_rng(devices=[]):
+            self.timed_here = time_in_worker(self.planned, self.sync, self.plan,
+                                             self.time_batches, world=self.world)
+        with torch.no_grad():
+            for name, b in self.model.named_buffers():
+                b.copy_(buffers[name])
+        # The report interval counts from the first step, not from before the timing.
+        self.last_report = time.monotonic()
 
     def result(self) -> dict:
         """The run's history, where every worker ran, and the final parameters."""
@@ -218,6 +241,12 @@ class HybridWorker:
 def train_loop_per_worker(config: dict) -> dict:
     """Ray Train's entry point: `config` is a `WorkerJob.to_dict()`."""
     worker = HybridWorker(WorkerJob.from_dict(config))
+    if worker.time_batches:
+        # Before the first step, so that every report carries it: ASHA may stop a trial
+        # at any report, and a trial's last report may not reach Tune (a recorded e2e
+        # trial's last result was its step-55 report of 60). The run's own start-ups
+        # (Ray Train's DatasetManager) fall on the worker's set-up, which outlasts them.
+        worker.time_here()
     for step in range(worker.start, worker.cfg.steps):
         worker.train_step(step)
     return worker.result()

@@ -14,9 +14,11 @@ from orchestrator.train.cluster import ray_cluster
 from orchestrator.train.leaks import PlacementGroupRecord, leaked, placement_groups_not_removed
 
 
-def record(pg_id, *, job="01000000", state="CREATED", detached=False, creator=None):
+def record(pg_id, *, job="01000000", state="CREATED", detached=False, creator=None,
+           actor_created=False):
     return PlacementGroupRecord(pg_id=pg_id, job_id=job, state=state, detached=detached,
-                                creator_actor_id=creator, resources={"CPU": 1.0})
+                                creator_actor_id=creator, resources={"CPU": 1.0},
+                                actor_created=actor_created)
 
 
 def test_only_groups_whose_job_and_creator_are_gone_are_leaked():
@@ -39,6 +41,21 @@ def test_only_groups_whose_job_and_creator_are_gone_are_leaked():
         "dead-creator-of-dead-job", "driver-of-dead-job", "pending"]
     assert leaked(groups, set(), actor_alive) == []
     assert sorted(asked) == ["dead-actor", "live-actor"]  # only creators of ended jobs
+
+
+def test_in_a_live_job_only_the_groups_of_dead_actors_are_leaked():
+    """A sweep trial stopped by ASHA: its Train controller (an actor) died, its worker
+    group did not go with it, while the job (the sweep's driver) lives on."""
+    groups = [
+        record("dead-controller", creator="dead-actor", actor_created=True),
+        record("creator-flagged-dead", actor_created=True),
+        record("live-controller", creator="live-actor", actor_created=True),
+        record("live-driver"),
+        record("detached-of-dead-actor", creator="dead-actor", actor_created=True,
+               detached=True),
+    ]
+    assert [g.pg_id for g in leaked(groups, set(), lambda a: a == "live-actor")] == [
+        "dead-controller", "creator-flagged-dead"]
 
 
 # A driver whose actor asks for placement groups without pause; killed, its job is marked
@@ -134,3 +151,44 @@ def test_a_group_leaked_by_a_killed_driver_is_reclaimed_and_live_ones_are_kept(
         time.sleep(0.5)
     assert not_removed() == before  # the leaks gone, the live groups kept
     assert cpus_free() == pytest.approx(2 - 0.5 - 0.25, abs=0.0011)
+
+
+@ray.remote(num_cpus=0)
+class Placer:
+    def place(self) -> str:
+        group = placement_group([{"CPU": 0.25}])
+        ray.get(group.ready())
+        return group.id.hex()
+
+
+@pytest.mark.ray
+def test_the_group_of_a_killed_actor_in_a_live_job_is_reclaimed(local_ray, capsys):
+    from orchestrator.train.leaks import reclaim_leaked_placement_groups
+
+    own = placement_group([{"CPU": 0.5}])
+    ray.get(own.ready())
+    killed, live = Placer.remote(), Placer.remote()
+    killed_group, live_group = ray.get([killed.place.remote(), live.place.remote()])
+    ray.kill(killed)
+    deadline = time.monotonic() + 30
+    removed: list[str] = []
+    while time.monotonic() < deadline and not removed:
+        removed = reclaim_leaked_placement_groups()  # once the GCS has the actor dead
+        time.sleep(0.5)
+    assert len(removed) == 1 and killed_group in removed[0], removed
+    assert "dead creator actor" in removed[0]
+    assert not_removed() == {own.id.hex(), live_group}
+
+
+def test_a_run_reclaims_at_once_and_every_interval_until_it_returns(monkeypatch, capsys):
+    from orchestrator.train import leaks
+
+    looks = []
+    monkeypatch.setattr(leaks, "reclaim_leaked_placement_groups",
+                        lambda: looks.append(time.monotonic()) or [f"removed {len(looks)}"])
+    with leaks.reclaiming_leaked_groups(every_s=0.05):
+        time.sleep(0.3)
+    stopped = len(looks)
+    time.sleep(0.2)
+    assert len(looks) == stopped >= 3  # the first at once, none after the run
+    assert "removed 1" in capsys.readouterr().out

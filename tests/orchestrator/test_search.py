@@ -69,3 +69,28 @@ def test_a_trials_record_keeps_the_prediction_that_ranked_it():
     assert (third["key"], third["calibrated"], third["correction_from"]) == (
         "mp2-b32", True, "1 mp 2 trial")
     assert third["predicted_step_s"] == pytest.approx(0.01 * (1 + 0.1 / 3))
+
+
+def test_a_trials_own_timing_ranks_the_rest_of_its_mp_degree():
+    from ray.tune.utils import flatten_dict
+
+    from orchestrator.train.job import TIMED_HERE
+    from placement.scaling.timed_step import TimedStep
+
+    # mp 1 at dp 2: worker batches 16 and 32 (global 32 and 64), steps 15 and 25 ms.
+    own = TimedStep(mp_degree=1, dp_degree=2, num_micro_batches=1, batches=(16.0, 32.0),
+                    compute_s=(0.015, 0.025), allreduce_s=(0.0, 0.0), optimizer_s=0.0,
+                    rounds=5)
+    s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
+    assert Candidate.from_dict(s.suggest("t1")["candidate"]).key() == "mp1-b64"
+    # Flattened, as Tune hands a searcher its results.
+    s.on_trial_complete("t1", flatten_dict({MEASURED: 0.02, TIMED_HERE: own.to_dict()}))
+    s.suggest("t2")
+    s.on_trial_complete("t2", {MEASURED: 0.04})  # mp 2: ratio 4, shrunk to 2
+    third = s.suggest("t3")
+    # mp1-b32 from its trial's own timing at worker batch 16, 15 ms, times 20 / 25 of
+    # mp 1 shrunk by a third: 14 ms, 12 s x 1.4 = 16.8 s against mp2-b32's 13 s x 2.
+    assert Candidate.from_dict(third["candidate"]).key() == "mp1-b32"
+    assert third["ranked"]["base_step_s"] == pytest.approx(0.015)
+    assert third["ranked"]["predicted_step_s"] == pytest.approx(0.014)
+    assert third["ranked"]["predicted_time_s"] == pytest.approx(16.8)

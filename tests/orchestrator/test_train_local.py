@@ -49,10 +49,13 @@ def split_plan(cfg: TrainConfig):
 
 
 def run_local(cfg: TrainConfig, tmp_path, plan=None) -> dict:
-    plan = plan or split_plan(cfg)
+    return run_local_job(WorkerJob(train=cfg, plan=plan or split_plan(cfg)), tmp_path)
+
+
+def run_local_job(job: WorkerJob, tmp_path) -> dict:
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=WorkerJob(train=cfg, plan=plan).to_dict(),
+        train_loop_config=job.to_dict(),
         scaling_config=ScalingConfig(num_workers=0),
         run_config=RunConfig(name=f"local-{time.monotonic_ns()}", storage_path=str(tmp_path)))
     return trainer.fit().return_value
@@ -141,3 +144,35 @@ def test_a_plan_of_aten_operators_trains_split_like_one_device(tmp_path):
     assert hybrid["losses"] == pytest.approx(single["losses"], rel=1e-5)
     for name, value in single["final_params"].items():
         np.testing.assert_allclose(hybrid["final_params"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_path):
+    """WorkerJob.time_batches: the worker times its own step at those batches before
+    its first step, reports it with every step's report, and trains exactly as it
+    would have without the timing."""
+    import ray.train
+
+    from orchestrator.train.job import TIMED_HERE
+    from placement.scaling.timed_step import TimedStep
+
+    reports = []
+    real_report = ray.train.report
+
+    def spy(metrics, checkpoint=None):
+        reports.append(metrics)
+        real_report(metrics, checkpoint=checkpoint)
+
+    monkeypatch.setattr(ray.train, "report", spy)
+    cfg = TrainConfig(model="biglstm", steps=4, global_batch=8, mp_degree=2)
+    plan = split_plan(cfg)
+    plain = run_local(cfg, tmp_path, plan=plan)
+    assert all(TIMED_HERE not in m for m in reports)
+    reports.clear()
+    timed = run_local_job(WorkerJob(train=cfg, plan=plan, time_batches=(4.0, 8.0)), tmp_path)
+    assert reports and all(TIMED_HERE in m for m in reports)
+    own = TimedStep.from_dict(reports[-1][TIMED_HERE])
+    assert (own.mp_degree, own.dp_degree, own.batches) == (2, 1, (4, 8))
+    assert own.step_s(8) > 0
+    assert timed["losses"] == plain["losses"]
+    for name, value in plain["final_params"].items():
+        np.testing.assert_array_equal(timed["final_params"][name], value)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.scaling.crossover import HybridConfig
+from placement.scaling.timed_step import TimedStep
 from placement.sweep_rank import (PRIOR_TRIALS, Correction, Measurement, fit_correction,
                                   next_candidate, ranked)
 from placement.sweep_space import Candidate
@@ -114,3 +115,54 @@ def test_the_searchers_order_is_the_brute_force_corrected_order(spec):
     assert order == reference_order(cands, truth)
     num_mps = len({c.mp_degree for c in cands})
     assert {k.split("-")[0] for k in order[:num_mps]} == {f"mp{c.mp_degree}" for c in cands}
+
+
+def timing(mp: int, dp: int, batches, compute_s) -> TimedStep:
+    """A trial's own timing of its step: no allreduce, an update of 2 ms."""
+    return TimedStep(mp_degree=mp, dp_degree=dp, num_micro_batches=1, batches=tuple(batches),
+                     compute_s=tuple(compute_s), allreduce_s=(0.0,) * len(batches),
+                     optimizer_s=0.002, rounds=5)
+
+
+def test_an_mp_degree_timed_in_its_trials_ranks_from_those_timings():
+    first = timing(2, 4, (8.0, 16.0), (0.010, 0.018))   # steps 12 and 20 ms
+    second = timing(2, 4, (8.0, 16.0), (0.012, 0.022))  # steps 14 and 24 ms
+    fitted = fit_correction([
+        # Against their own timings at their own worker batch: 15 / 20 and 14 / 14.
+        Measurement(mp_degree=2, predicted_step_s=0.010, measured_step_s=0.015,
+                    retimed=first, worker_batch=16.0),
+        Measurement(mp_degree=2, predicted_step_s=0.010, measured_step_s=0.014,
+                    retimed=second, worker_batch=8.0),
+        # An mp 2 trial that timed nothing: left out of mp 2's ratio once others timed.
+        Measurement(mp_degree=2, predicted_step_s=0.010, measured_step_s=0.030),
+        Measurement(mp_degree=1, predicted_step_s=0.010, measured_step_s=0.020)])
+    # mp 2: ratios 0.75 and 1, median 0.875, two trials against the prior's two.
+    assert fitted.ratio(2) == pytest.approx(0.9375)
+    assert fitted.trials == {1: 1, 2: 2}
+    # The base is the median of the two timings at the candidate's worker batch, 20 and
+    # 24 ms at 16, 16 and 19 ms halfway between the timed batches.
+    assert fitted.base_s(2, 0.5, 16.0) == pytest.approx(0.022)
+    assert fitted.step_s(2, 0.5, 16.0) == pytest.approx(0.022 * 0.9375)
+    assert fitted.step_s(2, 0.5, 12.0) == pytest.approx(0.0175 * 0.9375)
+    # mp 1 timed nothing in its trial: its ratio is against the step that ranked it.
+    assert fitted.step_s(1, 0.010) == pytest.approx(0.010 * 4 / 3)
+    # Unmeasured: every trial's ratio against the step that ranked it (1.5, 1.4, 3, 2),
+    # median 1.75, shrunk by 4 / 6.
+    assert fitted.ratio(4) == pytest.approx(1.5)
+    assert (fitted.source(1), fitted.source(2)) == (
+        "1 mp 1 trial", "2 mp 2 trials, timed in their workers")
+    assert Correction.from_dict(fitted.to_dict()) == fitted
+    with pytest.raises(ValueError, match="worker_batch"):
+        fitted.step_s(2, 0.5)
+    c = cand(2, 64, 10.0, step_s=0.025)  # dp 4: 16 samples a worker
+    r = ranked(c, fitted)
+    assert (r.base_step_s, r.predicted_step_s) == (pytest.approx(0.022),
+                                                   pytest.approx(0.022 * 0.9375))
+    assert r.predicted_time_s == pytest.approx(10.0 * 0.022 * 0.9375 / 0.025)
+    assert r.overhead_s == pytest.approx(0.022 * 0.9375 - 0.025)
+
+
+def test_a_measurement_with_its_own_timing_needs_its_worker_batch():
+    with pytest.raises(ValueError, match="worker_batch"):
+        Measurement(mp_degree=2, predicted_step_s=0.01, measured_step_s=0.01,
+                    retimed=timing(2, 4, (8.0,), (0.01,)))
