@@ -230,6 +230,29 @@ def _insertion_schedule(tg: TaskGraph, dev: np.ndarray, num_devices: int,
     return start, finish
 
 
+class Leaders:
+    """The `size` best placements noted (lowest value first), each differing from the
+    others in at least `apart` groups, so that they are not one move from each other;
+    the searches change their arrays in place, so each is kept as a copy."""
+
+    def __init__(self, size: int, apart: int = 1):
+        self.size, self.apart = size, apart
+        self._kept: list[tuple[float, np.ndarray]] = []
+
+    def note(self, group_device: np.ndarray, value: float) -> None:
+        near = [i for i, (_, gd) in enumerate(self._kept)
+                if np.count_nonzero(gd != group_device) < self.apart]
+        if near or len(self._kept) >= self.size:
+            rivals = near or [max(range(len(self._kept)), key=lambda i: self._kept[i][0])]
+            if value >= min(self._kept[i][0] for i in rivals):
+                return
+            self._kept = [e for i, e in enumerate(self._kept) if i not in rivals]
+        self._kept.append((value, group_device.copy()))
+
+    def placements(self) -> list[np.ndarray]:
+        return [gd for _, gd in sorted(self._kept, key=lambda e: e[0])]
+
+
 def order_search(tg: TaskGraph, group_device: np.ndarray, schedule: Schedule, *,
                  deadline: float, rng: np.random.Generator, kick: int = 2,
                  patience: int = 200) -> Schedule:

@@ -14,6 +14,8 @@ from placement.errors import UserError
 from placement.graph import Edge, Op, OpGraph
 from placement.io import load_graph
 from placement.milp.backends import BACKENDS, Backend, SolveResult, choose_backend
+from placement.milp.incumbent import Incumbent
+from placement.milp.makespan import order_search_round
 from placement.milp.solve import solve_plan
 from placement.planner import (
     SOLVERS,
@@ -22,7 +24,8 @@ from placement.planner import (
     heuristic_placements,
     solve_heuristic,
 )
-from placement.simulate import evaluate_order, max_load
+from placement.refine import Leaders, justified
+from placement.simulate import evaluate_order, list_schedule, max_load
 from tests.placement.milp_cases import (
     brute_max_load,
     brute_step_time,
@@ -408,3 +411,45 @@ def test_window_search_moves_a_bad_cut_to_the_optimum():
     assert incumbent.value == pytest.approx(optimum)
     assert incumbent.value == pytest.approx(max_load(p.tg, incumbent.group_device, 2))
     assert incumbent.source == "highs (window search)"
+
+
+def test_the_order_search_also_runs_on_a_runner_up_placement():
+    # Two devices; a (9) feeds b (6, transfer 6) and c (4, 5); b feeds d (5, 2) and
+    # f (6, 4); e (5) feeds f (3). Justified list schedules rank a, b, c, d on device 0
+    # and e, f on device 1 best (25, and no order of that placement does better), and
+    # a, b, f on device 0 with c, d, e on device 1 a runner-up (26); but that
+    # placement's best order takes 23, the best of any placement and order.
+    times = [9.0, 6.0, 4.0, 5.0, 5.0, 6.0]
+    edges = [(0, 1, 6.0), (0, 2, 5.0), (1, 3, 2.0), (1, 5, 4.0), (4, 5, 3.0)]
+    graph = OpGraph(ops=tuple(Op(id=i, name=f"op{i}", forward_s={"any": t})
+                              for i, t in enumerate(times)),
+                    edges=tuple(Edge(src=s, dst=d, cost_s=c) for s, d, c in edges),
+                    time_unit="unit")
+    p = problem(graph, 2, "makespan")
+    best, runner_up = np.array([0, 0, 0, 0, 1, 1]), np.array([0, 0, 1, 1, 1, 0])
+    listed = [justified(p.tg, gd, 2, list_schedule(p.tg, gd, 2)) for gd in (best, runner_up)]
+    assert [s.step_time_s for s in listed] == [25.0, 26.0]
+    incumbent = Incumbent(best, 25.0, "heuristic", [list(ts) for ts in listed[0].order])
+    order_search_round(p, incumbent, time.perf_counter() + 4, np.random.default_rng(0),
+                       [(runner_up, listed[1])])
+    assert incumbent.value == 23.0
+    assert np.array_equal(incumbent.group_device, runner_up)
+    again = evaluate_order(p.tg, incumbent.group_device, incumbent.order)
+    assert again.step_time_s == 23.0
+
+
+def test_leaders_keep_the_best_distinct_placements_as_copies():
+    leaders = Leaders(2)
+    gd = np.array([0, 1])
+    for value, devices in [(5.0, [0, 1]), (3.0, [1, 1]), (4.0, [0, 0]), (3.0, [1, 1])]:
+        gd[:] = devices
+        leaders.note(gd, value)
+    assert [p.tolist() for p in leaders.placements()] == [[1, 1], [0, 0]]
+
+
+def test_leaders_keep_only_the_better_of_two_near_placements():
+    leaders = Leaders(3, apart=2)
+    for value, devices in [(5.0, [0, 0, 0]), (4.0, [0, 0, 1]), (6.0, [1, 1, 1]),
+                           (7.0, [1, 1, 0])]:
+        leaders.note(np.array(devices), value)
+    assert [p.tolist() for p in leaders.placements()] == [[0, 0, 1], [1, 1, 1]]
