@@ -25,7 +25,6 @@ from orchestrator.train.step_timing import time_in_worker
 from orchestrator.train.sync import collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
 from orchestrator.train.worker_executor import build_executor, gradient_sync
-from placement.scaling.timed_step import TimedStep
 
 STATE_FILE = "state.pt"
 
@@ -118,7 +117,8 @@ class HybridWorker:
         self.projection = job.projection
         self.plan = plan = job.plan
         self.time_batches = job.time_batches
-        self.timed_here: TimedStep | None = None
+        #: This trial's own timing of its step, as every report carries it.
+        self.timed_here: dict | None = None
         torch.set_num_threads(1)  # one core per device: a worker's devices are its threads
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
@@ -191,7 +191,7 @@ class HybridWorker:
                                  or self.history["step_times_s"]),
                    **clock.medians()}
         if self.timed_here is not None:
-            metrics[TIMED_HERE] = self.timed_here.to_dict()
+            metrics[TIMED_HERE] = self.timed_here
         checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
         report_due = bool(scalars[2] > 0)
         if checkpoint_due:
@@ -213,10 +213,14 @@ class HybridWorker:
         The training goes on as if nothing had run: the timing updates nothing (lr 0),
         and the random streams and the module's buffers (e.g. batch norm's running
         statistics) come back as they were."""
+        # The timing reads the host's clock without a device synchronize: the pipeline
+        # asks for it only where the devices are CPU threads (GPU jobs rank by the
+        # scaling model's step).
+        assert all(d.type == "cpu" for d in self.devices), self.devices
         buffers = {name: b.clone() for name, b in self.model.named_buffers()}
         with torch.random.fork_rng(devices=[]):
             self.timed_here = time_in_worker(self.planned, self.sync, self.plan,
-                                             self.time_batches, world=self.world)
+                                             self.time_batches, world=self.world).to_dict()
         with torch.no_grad():
             for name, b in self.model.named_buffers():
                 b.copy_(buffers[name])
