@@ -25,10 +25,20 @@ just before its first step (orchestrator/train/step_timing.py `time_in_worker`):
 rounds as the timing before the sweep, but in a Ray Train worker group of the trial's
 shape, which the timing in the driver's forked processes is not (the same rounds ran
 15-40% slower in a TorchTrainer worker than in a plain process, docs/benchmarks.md
-"Sweep"). Once a trial of an mp_degree has done so, the rest of that mp_degree ranks from
-those timings (their median at the candidate's worker batch), and its ratio is what its
-trials measured over their own timing at their own batch: a ratio between two figures of
-one process, which leaves out what differs from one process to the next."""
+"Sweep"). Once a trial of an mp_degree has done so, the rest of that mp_degree is ranked
+by the step its trials measured, carried to the candidate's worker batch by their own
+timing: the median of those timings at the candidate's batch, times the median of their
+measured / own timing at their own batch, in full (not shrunk). Why in full: the two
+figures of such a ratio come from one worker process within the same minute, so the
+ratio is no longer the process-to-process difference the shrinking guards against; the
+timing's rounds (the batches interleaved, so that drift lands on each alike) give the
+step's shape over the batch, and the trial's steps (59 against the timing's 25 per batch,
+the very steps it measured) give its level. Recorded on this machine (docs/benchmarks.md "Sweep"): a timing's median at one
+batch has a bootstrap standard error of 3-12% from its 25 rounds, the measured step's
+1-7% from 59 steps; the same configuration's timing moved by up to 29% between two trials
+of a run while the trial's own measured / timed ratio ranged 0.87-1.20. Replayed on the
+five calibrated trials recorded on the quiet box at commit 03ec862, the shrunk ratio put
+4 within 15% (+18.9% the miss), the full ratio all 5 (-10.1 to +6.9%)."""
 
 from __future__ import annotations
 
@@ -90,7 +100,8 @@ class Correction:
     the step that ranked the candidate before any correction."""
 
     ratios: Mapping[int, float] = field(default_factory=dict)
-    """The shrunk ratio of each measured mp_degree."""
+    """The ratio of each measured mp_degree (shrunk unless against its trials' own
+    timings, `fit_correction`)."""
     trials: Mapping[int, int] = field(default_factory=dict)
     """How many trials of each mp_degree stand behind its ratio."""
     shared_ratio: float = 1.0
@@ -148,9 +159,11 @@ class Correction:
 
 
 def fit_correction(measurements: Sequence[Measurement]) -> Correction:
-    """The shrunk ratio of each mp_degree measured so far (medians: one trial caught by a
-    neighbour's burst moves it less once there are three). An mp_degree whose trials
-    timed their own step keeps only those trials: ratios against their own timings."""
+    """The ratio of each mp_degree measured so far (medians: one trial caught by a
+    neighbour's burst moves it less once there are three), shrunk where it is against
+    the step that ranked the trials. An mp_degree whose trials timed their own step
+    keeps only those trials: the median of their ratios against their own timings, in
+    full (the module's docstring says why)."""
     by_mp: dict[int, list[Measurement]] = {}
     for m in measurements:
         by_mp.setdefault(m.mp_degree, []).append(m)
@@ -159,7 +172,8 @@ def fit_correction(measurements: Sequence[Measurement]) -> Correction:
         own = [m for m in ms if m.retimed is not None]
         if own:
             retimed[mp] = tuple(m.retimed for m in own)
-            ratios[mp], trials[mp] = shrunk([m.retimed_ratio for m in own]), len(own)
+            ratios[mp] = statistics.median(m.retimed_ratio for m in own)
+            trials[mp] = len(own)
         else:
             ratios[mp], trials[mp] = shrunk([m.ratio for m in ms]), len(ms)
     return Correction(ratios=ratios, trials=trials, retimed=retimed,

@@ -139,7 +139,8 @@ Final run: loss {losses[0]:.3f} at its first step, {losses[-1]:.3f} at its last.
 Correction learned (measured step = the uncorrected x a ratio per mp_degree, the trials'
 median ratio shrunk towards 1 as if {PRIOR_TRIALS} more trials had measured the timed step;
 where an mp_degree's trials timed its step in their own workers before their first step, the
-rest of it rank from those timings, and its ratio is measured over them):
+rest of it rank from those timings at their own batch, times the trials' measured over timed
+step, in full):
 {html.escape(learned_correction(rows))}. A trial ranked with the ratio of its own mp_degree
 must measure within {CALIBRATED_TOLERANCE:.0%} of its ranked prediction (ok / MISS).
 Cores: how many of the host's cores the trial's worker kept busy from the end of its data

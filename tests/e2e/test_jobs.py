@@ -196,11 +196,11 @@ def check_results(storage: Path, num_trials: int) -> dict:
 
 def assert_every_mp_degree_ranked(winner: dict) -> None:
     """Every mp_degree was tried, its step timed before the sweep with its dp workers side
-    by side, and the trials after the first of each mp_degree were ranked with the
-    ratio that first one measured, shrunk (placement/sweep_rank.py). (Whether those
-    predictions hold within the issue's 15% is a figure of the run, in docs/benchmarks.md,
-    not an assertion: on this 2-core box a trial's step follows the share of the cores
-    it gets while it runs, which other sessions' load moves by more than 15% from one
+    by side, and the trials after the first of each mp_degree were ranked from that
+    first one's own timing and the ratio it measured against it (placement/sweep_rank.py).
+    (Whether those predictions hold within the issue's 15% is a figure of the run, in
+    docs/benchmarks.md, not an assertion: on this 2-core box a trial's step follows the
+    share of the cores it gets while it runs, which other sessions' load moves by more than 15% from one
     trial to the next; this test's calibrated trial measured -13.6% against a trial's
     own timing under steady load, +24.6% and -9.7% against the driver's timing on a
     quiet box; see the section of issue 18 there.)"""

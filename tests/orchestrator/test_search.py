@@ -88,9 +88,10 @@ def test_a_trials_own_timing_ranks_the_rest_of_its_mp_degree():
     s.suggest("t2")
     s.on_trial_complete("t2", {MEASURED: 0.04})  # mp 2: ratio 4, shrunk to 2
     third = s.suggest("t3")
-    # mp1-b32 from its trial's own timing at worker batch 16, 15 ms, times 20 / 25 of
-    # mp 1 shrunk by a third: 14 ms, 12 s x 1.4 = 16.8 s against mp2-b32's 13 s x 2.
+    # mp1-b32 from its trial's own timing at worker batch 16, 15 ms, times mp 1's 20 / 25
+    # in full (both figures the trial's own): 12 ms, 12 s x 1.2 = 14.4 s against
+    # mp2-b32's 13 s x 2.
     assert Candidate.from_dict(third["candidate"]).key() == "mp1-b32"
     assert third["ranked"]["base_step_s"] == pytest.approx(0.015)
-    assert third["ranked"]["predicted_step_s"] == pytest.approx(0.014)
-    assert third["ranked"]["predicted_time_s"] == pytest.approx(16.8)
+    assert third["ranked"]["predicted_step_s"] == pytest.approx(0.012)
+    assert third["ranked"]["predicted_time_s"] == pytest.approx(14.4)

@@ -136,14 +136,15 @@ def test_an_mp_degree_timed_in_its_trials_ranks_from_those_timings():
         # An mp 2 trial that timed nothing: left out of mp 2's ratio once others timed.
         Measurement(mp_degree=2, predicted_step_s=0.010, measured_step_s=0.030),
         Measurement(mp_degree=1, predicted_step_s=0.010, measured_step_s=0.020)])
-    # mp 2: ratios 0.75 and 1, median 0.875, two trials against the prior's two.
-    assert fitted.ratio(2) == pytest.approx(0.9375)
+    # mp 2: ratios 0.75 and 1, median 0.875, in full: both figures of each ratio are
+    # one trial's.
+    assert fitted.ratio(2) == pytest.approx(0.875)
     assert fitted.trials == {1: 1, 2: 2}
     # The base is the median of the two timings at the candidate's worker batch, 20 and
     # 24 ms at 16, 16 and 19 ms halfway between the timed batches.
     assert fitted.base_s(2, 0.5, 16.0) == pytest.approx(0.022)
-    assert fitted.step_s(2, 0.5, 16.0) == pytest.approx(0.022 * 0.9375)
-    assert fitted.step_s(2, 0.5, 12.0) == pytest.approx(0.0175 * 0.9375)
+    assert fitted.step_s(2, 0.5, 16.0) == pytest.approx(0.022 * 0.875)
+    assert fitted.step_s(2, 0.5, 12.0) == pytest.approx(0.0175 * 0.875)
     # mp 1 timed nothing in its trial: its ratio is against the step that ranked it.
     assert fitted.step_s(1, 0.010) == pytest.approx(0.010 * 4 / 3)
     # Unmeasured: every trial's ratio against the step that ranked it (1.5, 1.4, 3, 2),
@@ -157,12 +158,24 @@ def test_an_mp_degree_timed_in_its_trials_ranks_from_those_timings():
     c = cand(2, 64, 10.0, step_s=0.025)  # dp 4: 16 samples a worker
     r = ranked(c, fitted)
     assert (r.base_step_s, r.predicted_step_s) == (pytest.approx(0.022),
-                                                   pytest.approx(0.022 * 0.9375))
-    assert r.predicted_time_s == pytest.approx(10.0 * 0.022 * 0.9375 / 0.025)
-    assert r.overhead_s == pytest.approx(0.022 * 0.9375 - 0.025)
+                                                   pytest.approx(0.022 * 0.875))
+    assert r.predicted_time_s == pytest.approx(10.0 * 0.022 * 0.875 / 0.025)
+    assert r.overhead_s == pytest.approx(0.022 * 0.875 - 0.025)
 
 
 def test_a_measurement_with_its_own_timing_needs_its_worker_batch():
     with pytest.raises(ValueError, match="worker_batch"):
         Measurement(mp_degree=2, predicted_step_s=0.01, measured_step_s=0.01,
                     retimed=timing(2, 4, (8.0,), (0.01,)))
+
+
+def test_a_trials_measured_step_is_carried_to_another_batch_by_its_own_timing():
+    # A recorded mp 2 trial (docs/benchmarks.md "Sweep"): timed 11.7 ms at worker batch
+    # 32 and 14.7 at 64 in its workers, measured 17.6 at 64. Its mp_degree's trial at 32
+    # is ranked at 17.6 x 11.7 / 14.7: the trial's level, the timing's shape.
+    own = timing(2, 1, (32.0, 64.0), (0.0097, 0.0127))
+    fitted = fit_correction([Measurement(mp_degree=2, predicted_step_s=0.0153,
+                                         measured_step_s=0.0176, retimed=own,
+                                         worker_batch=64.0)])
+    assert fitted.step_s(2, 0.0153, 64.0) == pytest.approx(0.0176)
+    assert fitted.step_s(2, 0.0153, 32.0) == pytest.approx(0.0176 * 11.7 / 14.7)
