@@ -101,11 +101,15 @@ def write_report(storage: Path, *, plans: dict[int, Plan], crossover: CrossoverR
               "breakdown.png": "Where each trial's step went (medians)",
               "sweep.png": "Sweep: projected time to accuracy (global batch x mp_degree)",
               "losses.png": "The final run's training loss",
-              "crossover.png": "Cross-over: DP vs hybrid time to accuracy and speedup",
+              "crossover.png": "Cross-over: DP vs hybrid time to accuracy and speedup, "
+                               "projected from the op profile with every device on its own "
+                               "(lines); the sweep's trials as measured here (stars), where "
+                               "the DP workers share the host's cores",
               "plan.png": "The winner's plan (one worker, Gantt chart)"}
     save_heatmap(rows, out / "sweep.png")
     save_crossover_plot(crossover, out / "crossover.png",
-                        f"{summary['model']} ({summary['preset']}) on {summary['cluster']}")
+                        f"{summary['model']} ({summary['preset']}) on {summary['cluster']}",
+                        trials=rows)
     save_gantt(plans[summary["hybrid"]["mp_degree"]], out / "plan.png")
     save_predicted_vs_measured(rows, out / "predicted_vs_measured.png")
     save_breakdown(rows, out / "breakdown.png")
