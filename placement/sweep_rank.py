@@ -23,22 +23,20 @@ shared), shrunk the same way by their number.
 A trial may also time its own mp_degree's step at every worker batch, in its own workers
 just before its first step (orchestrator/train/step_timing.py `time_in_worker`): the same
 rounds as the timing before the sweep, but in a Ray Train worker group of the trial's
-shape, which the timing in the driver's forked processes is not (the same rounds ran
-15-40% slower in a TorchTrainer worker than in a plain process, docs/benchmarks.md
-"Sweep"). Once a trial of an mp_degree has done so, the rest of that mp_degree is ranked
-by the step its trials measured, carried to the candidate's worker batch by their own
+shape. Once a trial of an mp_degree has done so, the rest of that mp_degree is ranked by
+the step its trials measured, carried to the candidate's worker batch by their own
 timing: the median of those timings at the candidate's batch, times the median of their
-measured / own timing at their own batch, in full (not shrunk). Why in full: the two
-figures of such a ratio come from one worker process within the same minute, so the
-ratio is no longer the process-to-process difference the shrinking guards against; the
-timing's rounds (the batches interleaved, so that drift lands on each alike) give the
-step's shape over the batch, and the trial's steps (59 against the timing's 25 per batch,
-the very steps it measured) give its level. Recorded on this machine (docs/benchmarks.md "Sweep"): a timing's median at one
-batch has a bootstrap standard error of 3-12% from its 25 rounds, the measured step's
-1-7% from 59 steps; the same configuration's timing moved by up to 29% between two trials
-of a run while the trial's own measured / timed ratio ranged 0.87-1.20. Replayed on the
-five calibrated trials recorded on the quiet box at commit 03ec862, the shrunk ratio put
-4 within 15% (+18.9% the miss), the full ratio all 5 (-10.1 to +6.9%)."""
+measured / own timing at their own batch, in full (not shrunk). Why: on this machine the
+step differs from one process to the next far more than its shape over the batch does
+(docs/benchmarks.md "Sweep": 24 fresh processes timing mp 2 on a quiet box, 6.3-11.3 ms
+at one batch, coefficient of variation 13%, the ratio between two batches within each
+process 3.7%). The two figures of such a ratio are one process's, so the shrinking,
+which guards against another process's level, does not apply: the timing's rounds (the
+batches interleaved) give the shape, the trial's measured steps (59 against the timing's
+25 per batch) the level. Replayed on the five calibrated trials recorded on the quiet box
+at commit 03ec862, the shrunk ratio put 4 within 15% (+18.9% the miss), the full ratio
+all 5 (-10.1 to +6.9%). What no rule here can foresee is the next process's own level:
+a prediction taken from another process errs by about sqrt(2) x 13% on this box."""
 
 from __future__ import annotations
 
