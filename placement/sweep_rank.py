@@ -33,10 +33,11 @@ a quiet box, 6.3-11.3 ms at one batch, coefficient of variation 13%, the ratio b
 two batches within each process 3.7%). The two figures of such a ratio are one
 process's, so the shrinking, which guards against another process's level, does not
 apply: the timing's rounds (the batches interleaved) give the shape, the trial's
-measured steps (59 against the timing's 25 per batch) the level. Replayed on the five calibrated trials recorded on the quiet box
-at commit 03ec862, the shrunk ratio put 4 within 15% (+18.9% the miss), the full ratio
-all 5 (-10.1 to +6.9%). What no rule here can foresee is the host's speed while the next
-trial runs: a prediction taken from another process errs by about sqrt(2) x 13% here."""
+measured steps (59 against the timing's 25 per batch) the level. Replayed on the five
+calibrated trials recorded on the quiet box at commit 03ec862, the shrunk ratio put 4
+within 15% (+18.9% the miss), the full ratio all 5 (-10.1 to +6.9%). What no rule here
+can foresee is the host's speed while the next trial runs: a prediction taken from
+another process errs by about sqrt(2) x 13% here."""
 
 from __future__ import annotations
 
