@@ -31,7 +31,7 @@ import pyomo.environ as pyo
 
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.incumbent import Incumbent, run_checked
-from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
+from placement.milp.max_load import add_memory_and_symmetry, start_assignment, unit_devices
 from placement.problem import Problem
 from placement.step_bound import heads_tails
 from placement.tasks import TaskGraph
@@ -193,15 +193,8 @@ def build_relaxation(data: RelaxationData) -> pyo.ConcreteModel:
 
 def set_start(m: pyo.ConcreteModel, data: RelaxationData, group_device: np.ndarray) -> None:
     """A placement as the warm start, with the heads and tails it implies."""
-    group_device = canonical_devices(group_device)
+    group_device = start_assignment(m, group_device).argmax(axis=1)
     tg, sc = data.tg, data.scale
-    for g in m.U:
-        for d in m.D:
-            m.x[g, d].value = float(group_device[g] == d)
-    prefix = np.cumsum(np.eye(data.num_devices)[group_device], axis=0)
-    for g in m.U:
-        for d in m.D:
-            m.prefix[g, d].value = prefix[g, d]
     dev = group_device[tg.group]
     cross = dev[tg.edge_src] != dev[tg.edge_dst]
     for e in m.X:
@@ -245,7 +238,9 @@ def solve_relaxation(problem: Problem, backend: Backend, incumbent: Incumbent,
     if left < 0.5:
         return RelaxationResult(-math.inf, None)
     incumbent.stage = "solve (step-time relaxation)"
-    options = SolveOptions(time_limit_s=left, gap=problem.config.gap,
+    # Its optimum is a bound, not a plan: a solver stopping within the plan's gap of
+    # its own incumbent would give up to that gap of the bound away.
+    options = SolveOptions(time_limit_s=left, gap=problem.config.gap * 1e-2,
                            threads=problem.config.threads)
     result = run_checked(backend, model, options, incumbent)
     group_device = unit_devices(model) if result.has_solution else None
