@@ -618,7 +618,7 @@ def _relaxation_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     until = time.perf_counter() + ENERGY_SHARE * (deadline - time.perf_counter())
     energy = solve_energy_relaxation(problem, backend, incumbent, until)
     until = time.perf_counter() + RELAXATION_SHARE * (deadline - time.perf_counter())
-    relaxation = solve_relaxation(problem, backend, incumbent, until)
+    relaxation = solve_relaxation(problem, backend, incumbent, until, energy)
     gd = relaxation.group_device
     if gd is not None and placement_fits(problem, gd, incumbent, backend):
         value = list_schedule(problem.tg, gd, problem.num_devices).step_time_s

@@ -84,7 +84,10 @@ def reach_or_self(tg: TaskGraph) -> np.ndarray:
     return reach
 
 
-def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
+def relaxation_data(problem: Problem, upper_bound: float,
+                    proven: float = -math.inf) -> RelaxationData:
+    """The model's data; `proven` is a bound proven elsewhere, C's floor with the
+    problem's own."""
     k, K = problem.num_devices, problem.tg.num_micro_batches
     tg = one_micro_batch(problem.tg)
     head, tail = heads_tails(tg)
@@ -121,7 +124,7 @@ def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
     fits[keep == busy] = True
     return RelaxationData(
         tg=tg, num_micro_batches=K, num_devices=k, group_memory=problem.group_memory,
-        memory_cap=problem.memory_cap, lower_bound=problem.lower_bound(), head=head,
+        memory_cap=problem.memory_cap, lower_bound=max(problem.lower_bound(), proven), head=head,
         tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
         weights=weights[fits], scale=max(upper_bound, 1e-300) / 1000)
 
@@ -229,9 +232,11 @@ class RelaxationResult:
 
 
 def solve_relaxation(problem: Problem, backend: Backend, incumbent: Incumbent,
-                     deadline: float) -> RelaxationResult:
+                     deadline: float, proven: float = -math.inf) -> RelaxationResult:
+    """The relaxation's proven bound, from the floor `proven` (a bound proven
+    elsewhere: the solver's search starts above it), and its best placement."""
     incumbent.stage = "model build (step-time relaxation)"
-    data = relaxation_data(problem, incumbent.value)
+    data = relaxation_data(problem, incumbent.value, proven)
     model = build_relaxation(data)
     set_start(model, data, incumbent.group_device)
     left = deadline - time.perf_counter()
