@@ -25,7 +25,7 @@ M_g is 0: a pair with some M_g > 0 proves C >= a + b, so the inequalities hold
 whenever any M_g is positive. On GNMT's paper preset on four V100s with four
 micro-batches this is 171.0 ms where total work / 4 is 168.4; per device,
 C >= a + b + sum_g M_g(a, b) x[g,d] is a valid inequality of any model that chooses
-the placement x (`placement.milp.pipeline_bound`), which there proves 172.4.
+the placement x (`placement.milp.energy_relaxation`), which there proves 172.4.
 """
 
 from __future__ import annotations

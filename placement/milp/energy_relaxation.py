@@ -12,8 +12,9 @@ Any bound the solver proves is a bound on every plan's step time. A model of its
 not rows of the step-time relaxation (`placement.milp.pipeline_bound`): on
 Inception-V3's paper preset on four V100s with four micro-batches the relaxation with
 these rows proved 80.2 ms in 10 s where it proves 82.7 without them, while on GNMT's
-(four V100s, four micro-batches, 24 groups) this model alone proves 172.4 ms in under
-a second, where total work / 4 is 168.4 and the relaxation reached no more.
+(four V100s, four micro-batches, 24 groups) this model alone proves 172.4 ms in about
+2 s, its build included, where total work / 4 is 168.4 and the relaxation reached no
+more.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ STAGGER_FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4)
 #: when the step has several micro-batches, the case its fill and drain rows are for.
 RELAXATION_SHARE = 0.15
 #: Share of the time left that the group energy model may use before it (it proves
-#: GNMT's four-micro-batch bound on four V100s in under a second).
+#: GNMT's four-micro-batch bound on four V100s in about 2 s, its build included).
 ENERGY_SHARE = 0.05
 #: Share of the time left that the blocks' bound (`placement.milp.block_bound`) may
 #: use, the most seconds one block's MILP may take, and the most order decisions it may

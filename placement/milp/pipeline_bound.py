@@ -124,8 +124,8 @@ def relaxation_data(problem: Problem, upper_bound: float,
     fits[keep == busy] = True
     return RelaxationData(
         tg=tg, num_micro_batches=K, num_devices=k, group_memory=problem.group_memory,
-        memory_cap=problem.memory_cap, lower_bound=max(problem.lower_bound(), proven), head=head,
-        tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
+        memory_cap=problem.memory_cap, lower_bound=max(problem.lower_bound(), proven),
+        head=head, tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
         weights=weights[fits], scale=max(upper_bound, 1e-300) / 1000)
 
 

@@ -31,7 +31,8 @@ def energy(p) -> float:
 def model_bound(p, solver: str = "highs") -> float:
     name, group_device, value = best_heuristic(p)
     incumbent = Incumbent(group_device, value, name)
-    bound = solve_energy_relaxation(p, BACKENDS[solver], incumbent, time.perf_counter() + 20)
+    bound = solve_energy_relaxation(p, BACKENDS[solver], incumbent,
+                                    time.perf_counter() + 20)
     assert not incumbent.notes, incumbent.notes
     return bound
 
