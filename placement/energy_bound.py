@@ -11,11 +11,11 @@ work-conserving schedule reaches it, and no schedule does more), and the most it
 does in the last b of the step is T_g(b), the same with releases q_i. So g does at
 least
 
-    M_g(a, b) = max(W_g - B_g(a) - T_g(b),  sum_i max(0, p_i - min(p_i, (a - r_i)+)
-                                                         - min(p_i, (b - q_i)+)))
+    M_g(a, b) = max(0, W_g - B_g(a) - T_g(b))
 
-inside [a, C - b] (the second term is each task's own share, which the group's total
-may hide), and the devices run at most k (C - a - b) there:
+inside [a, C - b] (for a group of one task, that task's share of the window, where
+the window bound counts whole tasks only), and the devices run at most k (C - a - b)
+there:
 
     C >= a + b + sum_g M_g(a, b) / k,    C >= a + b + M_g(a, b) for each g
 
@@ -71,30 +71,17 @@ class GroupEnergy:
     """What M_g(a, b) needs, for thresholds a in `starts` and b in `ends`."""
 
     tg: TaskGraph
-    head: np.ndarray
-    after: np.ndarray
-    """Per task: the time after its finish (q_i)."""
     starts: np.ndarray
     ends: np.ndarray
     before: np.ndarray
     """(len(starts), groups): B_g(a)."""
     last: np.ndarray
     """(len(ends), groups): T_g(b)."""
-    by_group: np.ndarray
-    """Tasks sorted by group; `group_starts[g]` is where group g's begin."""
-    group_starts: np.ndarray
 
     def mandatory(self, j: int) -> np.ndarray:
         """(len(starts), groups): M_g(a, b) for every a and b = ends[j]."""
-        tg, b = self.tg, float(self.ends[j])
-        work = tg.group_work_s
-        whole = np.maximum(0.0, work[None, :] - self.before - self.last[j][None, :])
-        dur = tg.duration_s
-        early = np.minimum(dur, np.maximum(0.0, self.starts[:, None] - self.head[None, :]))
-        late = np.minimum(dur, np.maximum(0.0, b - self.after))
-        own = np.maximum(0.0, dur[None, :] - early - late[None, :])
-        by_group = np.add.reduceat(own[:, self.by_group], self.group_starts, axis=1)
-        return np.maximum(whole, by_group)
+        return np.maximum(0.0, self.tg.group_work_s[None, :] - self.before
+                          - self.last[j][None, :])
 
 
 def group_energy(tg: TaskGraph, head: np.ndarray, tail: np.ndarray) -> GroupEnergy:
@@ -112,7 +99,7 @@ def group_energy(tg: TaskGraph, head: np.ndarray, tail: np.ndarray) -> GroupEner
         ts = by_group[bounds[g]:bounds[g + 1]]
         before[:, g] = busy_by(head[ts], dur[ts], starts)
         last[:, g] = busy_by(after[ts], dur[ts], ends)
-    return GroupEnergy(tg, head, after, starts, ends, before, last, by_group, bounds[:-1])
+    return GroupEnergy(tg, starts, ends, before, last)
 
 
 def _proves(mandatory: np.ndarray, tg: TaskGraph) -> np.ndarray:
