@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from placement.energy_bound import energy_bound, group_energy
 from placement.simulate import step_time_lower_bound
 from placement.tasks import TaskGraph
 
@@ -104,13 +105,15 @@ def _one_device(tasks: list[int], release: np.ndarray, dur: np.ndarray) -> float
     return float((r[by_release] + np.cumsum(dur[tasks][by_release])).max())
 
 
-def window_bound(tg: TaskGraph, num_devices: int) -> float:
+def window_bound(tg: TaskGraph, num_devices: int,
+                 joined: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """max over a, b of a + work(S(a, b)) / k + b (see the module docstring), and the
     same for the tasks of each placement group alone on its one device; with the heads
-    and tails of `join_heads_tails`, whose longest head + task + tail is a bound too."""
+    and tails of `join_heads_tails` (or those given), whose longest head + task + tail
+    is a bound too."""
     if tg.num_tasks == 0:
         return 0.0
-    head, tail = join_heads_tails(tg)
+    head, tail = joined or join_heads_tails(tg)
     after = tail - tg.duration_s
     best = max(float((head + tail).max()), _window(head, after, tg.duration_s, num_devices))
     by_group = np.argsort(tg.group, kind="stable")
@@ -138,5 +141,11 @@ def _window(head: np.ndarray, after: np.ndarray, duration: np.ndarray,
 
 
 def step_time_bound(tg: TaskGraph, num_devices: int) -> float:
-    """The larger of the analytic bound and the window bound."""
-    return max(step_time_lower_bound(tg, num_devices), window_bound(tg, num_devices))
+    """The largest of the analytic bound, the window bound and the group energy bound
+    (`placement.energy_bound`), the last two over the join heads and tails."""
+    if tg.num_tasks == 0:
+        return 0.0
+    head, tail = join_heads_tails(tg)
+    return max(step_time_lower_bound(tg, num_devices),
+               window_bound(tg, num_devices, (head, tail)),
+               energy_bound(group_energy(tg, head, tail), num_devices))

@@ -160,18 +160,26 @@ def canonical_devices(unit_device: np.ndarray) -> np.ndarray:
     return np.array([relabel[d] for d in unit_device.tolist()], dtype=np.int64)
 
 
-def set_start(m: pyo.ConcreteModel, data: MaxLoadData, unit_device: np.ndarray) -> None:
-    """Load a placement into the model's variables (a warm start)."""
+def start_assignment(m: pyo.ConcreteModel, unit_device: np.ndarray) -> np.ndarray:
+    """Load a placement into x and prefix (the variables of `add_memory_and_symmetry`'s
+    models), devices renumbered by their first unit; returns the renumbered one-hot
+    assignment, unit by device."""
     unit_device = canonical_devices(unit_device)
-    k = data.num_devices
-    onehot = np.zeros((len(unit_device), k))
+    onehot = np.zeros((len(unit_device), len(m.D)))
     onehot[np.arange(len(unit_device)), unit_device] = 1
     prefix = np.cumsum(onehot, axis=0)
-    loads = data.work @ onehot
     for u in m.U:
         for d in m.D:
             m.x[u, d].value = onehot[u, d]
             m.prefix[u, d].value = prefix[u, d]
+    return onehot
+
+
+def set_start(m: pyo.ConcreteModel, data: MaxLoadData, unit_device: np.ndarray) -> None:
+    """Load a placement into the model's variables (a warm start)."""
+    onehot = start_assignment(m, unit_device)
+    unit_device = onehot.argmax(axis=1)
+    loads = data.work @ onehot
     for s in m.S:
         mine = unit_device[data.sender_unit[s]]
         holders = {int(unit_device[v]) for v in data.sender_targets[s]} - {int(mine)}

@@ -31,7 +31,7 @@ import pyomo.environ as pyo
 
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.incumbent import Incumbent, run_checked
-from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
+from placement.milp.max_load import add_memory_and_symmetry, start_assignment, unit_devices
 from placement.problem import Problem
 from placement.step_bound import heads_tails
 from placement.tasks import TaskGraph
@@ -84,7 +84,10 @@ def reach_or_self(tg: TaskGraph) -> np.ndarray:
     return reach
 
 
-def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
+def relaxation_data(problem: Problem, upper_bound: float,
+                    proven: float = -math.inf) -> RelaxationData:
+    """The model's data; `proven` is a bound proven elsewhere, C's floor with the
+    problem's own."""
     k, K = problem.num_devices, problem.tg.num_micro_batches
     tg = one_micro_batch(problem.tg)
     head, tail = heads_tails(tg)
@@ -121,8 +124,8 @@ def relaxation_data(problem: Problem, upper_bound: float) -> RelaxationData:
     fits[keep == busy] = True
     return RelaxationData(
         tg=tg, num_micro_batches=K, num_devices=k, group_memory=problem.group_memory,
-        memory_cap=problem.memory_cap, lower_bound=problem.lower_bound(), head=head,
-        tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
+        memory_cap=problem.memory_cap, lower_bound=max(problem.lower_bound(), proven),
+        head=head, tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
         weights=weights[fits], scale=max(upper_bound, 1e-300) / 1000)
 
 
@@ -193,15 +196,8 @@ def build_relaxation(data: RelaxationData) -> pyo.ConcreteModel:
 
 def set_start(m: pyo.ConcreteModel, data: RelaxationData, group_device: np.ndarray) -> None:
     """A placement as the warm start, with the heads and tails it implies."""
-    group_device = canonical_devices(group_device)
+    group_device = start_assignment(m, group_device).argmax(axis=1)
     tg, sc = data.tg, data.scale
-    for g in m.U:
-        for d in m.D:
-            m.x[g, d].value = float(group_device[g] == d)
-    prefix = np.cumsum(np.eye(data.num_devices)[group_device], axis=0)
-    for g in m.U:
-        for d in m.D:
-            m.prefix[g, d].value = prefix[g, d]
     dev = group_device[tg.group]
     cross = dev[tg.edge_src] != dev[tg.edge_dst]
     for e in m.X:
@@ -236,16 +232,20 @@ class RelaxationResult:
 
 
 def solve_relaxation(problem: Problem, backend: Backend, incumbent: Incumbent,
-                     deadline: float) -> RelaxationResult:
+                     deadline: float, proven: float = -math.inf) -> RelaxationResult:
+    """The relaxation's proven bound, from the floor `proven` (a bound proven
+    elsewhere: the solver's search starts above it), and its best placement."""
     incumbent.stage = "model build (step-time relaxation)"
-    data = relaxation_data(problem, incumbent.value)
+    data = relaxation_data(problem, incumbent.value, proven)
     model = build_relaxation(data)
     set_start(model, data, incumbent.group_device)
     left = deadline - time.perf_counter()
     if left < 0.5:
         return RelaxationResult(-math.inf, None)
     incumbent.stage = "solve (step-time relaxation)"
-    options = SolveOptions(time_limit_s=left, gap=problem.config.gap,
+    # Its optimum is a bound, not a plan: a solver stopping within the plan's gap of
+    # its own incumbent would give up to that gap of the bound away.
+    options = SolveOptions(time_limit_s=left, gap=problem.config.gap * 1e-2,
                            threads=problem.config.threads)
     result = run_checked(backend, model, options, incumbent)
     group_device = unit_devices(model) if result.has_solution else None
