@@ -157,3 +157,24 @@ def test_the_relaxation_pools_the_units_it_leaves_and_still_proves_more():
     assert optimum == 43 and lower < 21.4
     assert relaxed_bound(p.tg, units, k, lower, 2 * optimum, light) == pytest.approx(
         31, rel=3 * BOUND_RESOLUTION)
+
+
+def test_a_sender_too_dear_to_cut_forces_its_later_members_onto_its_device():
+    """Units of work 1, 1, 3 on 2 devices, one sender of cost 5 joining units 0 and 2;
+    units 0 and 1 placed on devices 0 and 1. Within L = 3.5 the sum of the loads has
+    room for 2 more than the work (7 - 5), less than a cut's 10, so unit 2 must join
+    unit 0, where it does not fit (1 + 3); within 4 it fits. A sender of cost 0.5 may
+    be cut, so nothing is forced."""
+    model = _Model.__new__(_Model)
+    model.k, model.work = 2, np.array([1.0, 1.0, 3.0])
+    model.members, model.cost = [[0, 2]], np.array([5.0])
+    loads, masks = np.array([[1.0, 1.0]]), np.array([[1]])
+
+    def fits(bound: float) -> bool:
+        slack = np.array([2 * bound - 2.0 - 3.0])
+        return bool(model._forced_fit(loads, masks, [0], 1, slack, bound)[0])
+
+    assert not fits(3.5)
+    assert fits(4.0)
+    model.cost = np.array([0.5])
+    assert fits(3.5)
