@@ -64,8 +64,10 @@ MAX_DEVICES = 8
 #: The recent pace alone stopped tests in a passing burst of states: on bert12
 #: (core-aten) a test at 1.0295 W/4 that finishes in 9.6 s was stopped with 25 s left.
 PACE_LAYERS = 8
-#: `relaxed_bound` stops bisecting when its interval is this share of its top.
+#: `relaxed_bound` stops bisecting when its interval is this share of its top; its
+#: first step up from the bound it starts from, as a share of that bound.
 BOUND_RESOLUTION = 1e-4
+RELAXED_FIRST_STEP = 0.005
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,21 +131,27 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     and the units then left with no sender, such as a decomposed batch norm's
     per-channel ops, taken out of the walk as fluid work any device may take any part
     of (the last layer's loads plus that work must fit k L). Every L at which no state
-    survives is out for the relaxation, so for every placement; bisection on L in
-    [lower, upper], where a test that gives up (past the state cap, or its pace past
-    the deadline) or finds a relaxed placement lowers the top. On decomposed ResNet-50 the exact DP passes the state cap in
-    the batch norms' pockets; the relaxation walks a third of the units."""
+    survives is out for the relaxation, so for every placement. The tests climb from
+    `lower` in steps that double while they prove (the first RELAXED_FIRST_STEP of it)
+    and bisect once one does not: a test that passes the state cap, runs past its
+    pace, or finds a relaxed placement (no plan of the real problem) lowers the top,
+    and a test stops at the cap, since it can then prove nothing. Bisecting from the
+    middle at once spent a whole budget on one test far above what the DP can prove
+    (decomposed bert12 under load 3.8). On decomposed ResNet-50 the exact DP passes the
+    state cap in the batch norms' pockets; the relaxation walks a third of the units."""
     if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
         return lower
     model = _Model(tg, units, num_devices, light)
-    lo, hi = lower, upper
+    lo, hi, step = lower, upper, RELAXED_FIRST_STEP * lower
+    climbing = True
     while hi - lo > BOUND_RESOLUTION * hi and time.perf_counter() < deadline:
-        probe = 0.5 * (lo + hi)
-        found, proven, finished = model.placement_within(probe, deadline, max_states)
+        probe = min(lo + step, 0.5 * (lo + hi)) if climbing else 0.5 * (lo + hi)
+        found, proven, finished = model.placement_within(probe, deadline, max_states,
+                                                         proof_only=True)
         if found is None and proven and finished:
-            lo = probe
+            lo, step = probe, 2 * step
         else:
-            hi = probe  # no proof at or above this L: lower tests prune more
+            hi, climbing = probe, False  # no proof at or above this L
     return lo
 
 
@@ -190,13 +198,15 @@ class _Model:
                 loads[held] += c
         return float(loads.max())
 
-    def placement_within(self, bound: float, deadline: float,
-                         max_states: int) -> tuple[np.ndarray | None, bool, bool]:
+    def placement_within(self, bound: float, deadline: float, max_states: int,
+                         proof_only: bool = False
+                         ) -> tuple[np.ndarray | None, bool, bool]:
         """A placement of max-load at most `bound` or None, whether None is a proof
         that there is none, and whether the test finished. Past the state cap a layer
         keeps the `max_states` states of least (max, total) load, so a placement may
-        still be found, but no proof; a test stopped at the deadline, or earlier
-        where its pace says it would not finish (PACE_LAYERS), gives neither."""
+        still be found, but no proof (`proof_only`: the test ends there); a test
+        stopped at the deadline, or earlier where its pace says it would not finish
+        (PACE_LAYERS), gives neither."""
         k, lim = self.k, bound * (1 + SLACK)
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
@@ -231,6 +241,8 @@ class _Model:
             new_loads, new_masks, perm = _canonical(new_loads, new_masks, k, lim)
             chosen = _undominated(new_loads, new_masks)
             if len(chosen) > max_states:
+                if proof_only:
+                    return None, False, True
                 proven = False
                 chosen = chosen[np.lexsort((new_loads[chosen].max(axis=1),
                                             new_loads[chosen].sum(axis=1)))[:max_states]]
