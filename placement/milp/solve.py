@@ -58,7 +58,7 @@ SEQUENCE_DP_SHARE = 0.5
 #: Where the exact DP proves too little: the share of the time left that its relaxation
 #: (sequence_dp.relaxed_bound) may take, and the senders it drops, as a share of total
 #: work / devices. On decomposed ResNet-50 the relaxation proved 1.071-1.073 W/4 with
-#: shares 0.002-0.01 (the state cap, not the share, stops it); 0.005 drops 4% of
+#: shares 0.002-0.01 (the state cap, not the share, stops it); 0.005 drops 3% of
 #: bert12's senders.
 RELAXED_DP_SHARE = 0.6
 LIGHT_SENDER_SHARE = 0.005
