@@ -97,10 +97,10 @@ def solve_plan(problem: Problem, solver: str,
         incumbent.notes.append(
             f"warning: the {problem.config.objective} MILP failed in its {incumbent.stage} "
             f"stage ({type(exc).__name__}: {exc}); kept the best plan so far")
-        bound, status = -math.inf, "time_limit"
+        bound, status = incumbent.proven_bound, "time_limit"
     by_solver = not incumbent.source.startswith(HEURISTIC)
     if incumbent.rejected:
-        bound, status = -math.inf, "time_limit"
+        bound, status = incumbent.proven_bound, "time_limit"
     bound = min(max(bound, problem.lower_bound()), incumbent.value)
     closed = incumbent.value - bound <= problem.config.gap * incumbent.value
     elapsed = time.perf_counter() - started
@@ -194,8 +194,11 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
         members.setdefault(int(root[g]), []).append(g)
     units = list(members.values())
     windowed = len(units) > MAX_LOAD_FINE_GROUPS
+    # Proven without the MILP solver: it stands whatever the solver later answers.
+    incumbent.proven_bound = known
     if windowed:
-        known = _sequence_dp(problem, incumbent, units, known, deadline)
+        known = incumbent.proven_bound = _sequence_dp(problem, incumbent, units, known,
+                                                      deadline)
         if incumbent.value - known <= problem.config.gap * incumbent.value:
             return known, "optimal"
         incumbent.stage = "coarsening"
