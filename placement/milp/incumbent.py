@@ -25,6 +25,9 @@ class Incumbent:
     notes: list[str] = field(default_factory=list)
     rejected: bool = False
     """A solver's answer failed a check: its claims (optimality, bound) do not count."""
+    proven_bound: float = -math.inf
+    """A bound proven without the MILP solver (transfer bounds, sequence DP), which a
+    rejected solver answer leaves standing."""
     stage: str = "heuristic start"
     """What the solve is doing now, named in the warning if it fails."""
 

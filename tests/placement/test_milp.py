@@ -178,7 +178,11 @@ def test_a_solver_claiming_a_wrong_value_is_not_believed(objective):
     assert best_heuristic(p)[2] > p.lower_bound(), "the solver gets to run"
     plan = solve_plan(p, "fake", _fake(lie))
     assert plan.value <= best_heuristic(p)[2] + 1e-12
-    assert plan.lower_bound == pytest.approx(p.lower_bound())
+    if objective == "max-load":
+        # The transfer bounds are proven without the solver, so they stand (39 here).
+        assert p.lower_bound() < plan.lower_bound <= brute_max_load(p.tg, p.num_devices)
+    else:
+        assert plan.lower_bound == pytest.approx(p.lower_bound())
     assert plan.status in ("time_limit", "heuristic")
     assert any("simulator gives" in n for n in plan.notes)
 

@@ -16,7 +16,13 @@ from placement.heuristics import group_sequence
 from placement.ideal_dp import join_roots, joined_sequence, side_inputs
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
-from placement.sequence_dp import TOP_PROBE_SHARE, _Model, sequence_dp
+from placement.sequence_dp import (
+    BOUND_RESOLUTION,
+    TOP_PROBE_SHARE,
+    _Model,
+    relaxed_bound,
+    sequence_dp,
+)
 from placement.simulate import max_load, max_load_lower_bound
 from tests.placement.max_load_cases import brute_max_load, max_load_problem, training_dag
 
@@ -121,3 +127,54 @@ def test_the_probe_just_under_the_incumbent_finds_a_plan_or_proves_it():
     assert found.unit_device is None
     assert found.lower_bound == pytest.approx(below * (1 - TOP_PROBE_SHARE))
     assert found.lower_bound <= optimum
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_the_relaxed_bound_never_above_the_optimum(seed):
+    """With no sender dropped the relaxation is the DP itself and proves the optimum
+    (to its resolution); dropping the cheaper half or all of them, it proves less."""
+    p, units, optimum = _case(seed)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    exact = relaxed_bound(p.tg, units, k, lower, 2 * optimum, 0.0)
+    assert optimum * (1 - 3 * BOUND_RESOLUTION) <= exact <= optimum * (1 + 1e-9)
+    costs = np.sort(_Model(p.tg, units, k).cost)
+    for light in costs[[len(costs) // 2, -1]] if len(costs) else []:
+        assert lower <= relaxed_bound(p.tg, units, k, lower, 2 * optimum, light) \
+            <= optimum * (1 + 1e-9)
+
+
+def test_the_relaxation_pools_the_units_it_leaves_and_still_proves_more():
+    """Seed 5 (5 units, 3 devices): dropping the senders of at most the median cost
+    leaves one unit with none, pooled as fluid work; the relaxation still proves 31
+    where total work / devices gives 21.3 (the optimum is 43)."""
+    p, units, optimum = _case(5)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    costs = np.sort(_Model(p.tg, units, k).cost)
+    light = costs[len(costs) // 2]
+    relaxed = _Model(p.tg, units, k, light)
+    assert (relaxed.n, relaxed.fluid) == (4, 12.0)
+    assert optimum == 43 and lower < 21.4
+    assert relaxed_bound(p.tg, units, k, lower, 2 * optimum, light) == pytest.approx(
+        31, rel=3 * BOUND_RESOLUTION)
+
+
+def test_a_sender_too_dear_to_cut_forces_its_later_members_onto_its_device():
+    """Units of work 1, 1, 3 on 2 devices, one sender of cost 5 joining units 0 and 2;
+    units 0 and 1 placed on devices 0 and 1. Within L = 3.5 the sum of the loads has
+    room for 2 more than the work (7 - 5), less than a cut's 10, so unit 2 must join
+    unit 0, where it does not fit (1 + 3); within 4 it fits. A sender of cost 0.5 may
+    be cut, so nothing is forced."""
+    model = _Model.__new__(_Model)
+    model.k, model.work = 2, np.array([1.0, 1.0, 3.0])
+    model.members, model.cost = [[0, 2]], np.array([5.0])
+    loads, masks = np.array([[1.0, 1.0]]), np.array([[1]])
+
+    def fits(bound: float) -> bool:
+        slack = np.array([2 * bound - 2.0 - 3.0])
+        return bool(model._forced_fit(loads, masks, [0], 1, slack, bound)[0])
+
+    assert not fits(3.5)
+    assert fits(4.0)
+    model.cost = np.array([0.5])
+    assert fits(3.5)
