@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from orchestrator.search import MEASURED
 from orchestrator.sweep import METRIC
-from orchestrator.train.job import TIMED_HERE
+from orchestrator.train.job import PROBE, TIMED_HERE
 from orchestrator.train.step_breakdown import PARTS
 from placement.scaling.timed_step import TimedStep
 from placement.sweep_rank import Correction
@@ -41,6 +41,11 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "timed_here": timed_here,
         "timed_here_step_s": None if timed_here is None else TimedStep.from_dict(
             timed_here).step_s(c.config.worker_batch),
+        # The host-speed probe (orchestrator/train/speed_probe.py), seconds: the driver's
+        # right before it ranked the trial, the trial's between its steps and after the
+        # rounds of its own timing.
+        "ranked_probe_s": correction.probe_s, "probe_s": metrics.get(PROBE),
+        "timed_here_probe_s": None if timed_here is None else timed_here.get("probe_s"),
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),
         "breakdown_s": {p: float(metrics.get(f"time_{p}_s", math.nan)) for p in PARTS},
@@ -58,6 +63,15 @@ def cores_text(t: dict) -> str:
     if used is None or timed is None:
         return ""
     return f"{used:.2f} cores busy, timed at {timed:.2f}"
+
+
+def probe_text(t: dict) -> str:
+    """The host-speed probe the driver ran before ranking the trial against the trial's
+    own between its steps, in words ("" where either is unknown)."""
+    ranked, own = t.get("ranked_probe_s"), t.get("probe_s")
+    if ranked is None or own is None:
+        return ""
+    return f"host-speed probe {own * 1e3:.3f} ms, {ranked * 1e3:.3f} before ranking"
 
 
 def trial_records(grid: Iterable) -> list[dict]:

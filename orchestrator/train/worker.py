@@ -19,8 +19,9 @@ import torch.distributed as dist
 from orchestrator.runtime.devices import load_state, plan_devices, synchronize
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.job import TIMED_HERE, Projection, WorkerJob
+from orchestrator.train.job import PROBE, TIMED_HERE, Projection, WorkerJob
 from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock, device_timer
+from orchestrator.train.speed_probe import SpeedProbe
 from orchestrator.train.step_timing import time_in_worker
 from orchestrator.train.sync import collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
@@ -33,6 +34,9 @@ STATE_FILE = "state.pt"
 #: report blocks until the previous one is taken: reporting every 25 ms step, a run of
 #: 40 tiny-BigLSTM steps took 118 s where one of 5 took 49 s (about 2 s a step).
 REPORT_INTERVAL_S = 2.0
+#: Steps between two runs of the host-speed probe (after the step's clock stops): 20
+#: probes in a 60-step trial, each about 1.2 ms beside a tiny BigLSTM step of 10-20 ms.
+PROBE_EVERY = 3
 
 
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
@@ -142,6 +146,8 @@ class HybridWorker:
         self.last_report = time.monotonic()
         self.unreported: list[float] = []  # step times since the last report
         self.clock = StepClock(device_timer=device_timer(self.devices))
+        self.probe = SpeedProbe()
+        self.probes_s: list[float] = []  # every host-speed probe of this run
 
     def train_step(self, step: int) -> dict[str, float]:
         """Step `step` (0-based): train, and return its metrics (`step_time_s`: the
@@ -192,6 +198,8 @@ class HybridWorker:
                    **clock.medians()}
         if self.timed_here is not None:
             metrics[TIMED_HERE] = self.timed_here
+        if self.probes_s:
+            metrics[PROBE] = statistics.median(self.probes_s)
         checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
         report_due = bool(scalars[2] > 0)
         if checkpoint_due:
@@ -205,6 +213,11 @@ class HybridWorker:
             self.unreported.clear()
         clock.mark("reporting")
         clock.finish()
+        if (step + 1) % PROBE_EVERY == 0:
+            # Every worker at the same steps, so that none waits for another's probe at
+            # the next step's allreduce; outside the step's modelled parts (its seconds
+            # fall in the next step's idle, the loop between steps, in one step of three).
+            self.probes_s.append(self.probe())
         return metrics
 
     def time_here(self) -> None:
@@ -220,7 +233,8 @@ class HybridWorker:
         buffers = {name: b.clone() for name, b in self.model.named_buffers()}
         with torch.random.fork_rng(devices=[]):
             self.timed_here = time_in_worker(self.planned, self.sync, self.plan,
-                                             self.time_batches, world=self.world).to_dict()
+                                             self.time_batches, world=self.world,
+                                             probe=self.probe).to_dict()
         with torch.no_grad():
             for name, b in self.model.named_buffers():
                 b.copy_(buffers[name])

@@ -152,7 +152,8 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
     would have without the timing."""
     import ray.train
 
-    from orchestrator.train.job import TIMED_HERE
+    from orchestrator.train.job import PROBE, TIMED_HERE
+    from orchestrator.train.worker import PROBE_EVERY
     from placement.scaling.timed_step import TimedStep
 
     reports = []
@@ -163,7 +164,7 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
         real_report(metrics, checkpoint=checkpoint)
 
     monkeypatch.setattr(ray.train, "report", spy)
-    cfg = TrainConfig(model="biglstm", steps=4, global_batch=8, mp_degree=2)
+    cfg = TrainConfig(model="biglstm", steps=PROBE_EVERY + 1, global_batch=8, mp_degree=2)
     plan = split_plan(cfg)
     plain = run_local(cfg, tmp_path, plan=plan)
     assert all(TIMED_HERE not in m for m in reports)
@@ -173,6 +174,11 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
     own = TimedStep.from_dict(reports[-1][TIMED_HERE])
     assert (own.mp_degree, own.dp_degree, own.batches) == (2, 1, (4, 8))
     assert own.step_s(8) > 0
+    # The host-speed probe after the timing's rounds and between the steps (every
+    # PROBE_EVERY-th, outside the step's clock): real work, about a millisecond.
+    assert 2e-4 < own.probe_s < 0.05, own.probe_s
+    assert 2e-4 < reports[-1][PROBE] < 0.05, reports[-1]
+    assert all(PROBE not in m for m in reports if m["step"] <= PROBE_EVERY)
     assert timed["losses"] == plain["losses"]
     for name, value in plain["final_params"].items():
         np.testing.assert_array_equal(timed["final_params"][name], value)
