@@ -39,13 +39,13 @@ within 15% (+18.9% the miss), the full ratio all 5 (-10.1 to +6.9%). What no rul
 can foresee is the host's speed while the next trial runs: a prediction taken from
 another process errs by about sqrt(2) x 13% here.
 
-Where the trials probed the host's speed between their steps (a fixed few matrix
-products on one thread, orchestrator/train/speed_probe.py) and the driver probed it
-right before this ranking, each trial's ratio is carried from its speed to the
-driver's, in proportion: ratio x driver's probe / trial's probe. In one process the mp 2
-step's level followed such a probe over windows of 20 steps (correlation 0.91), so a
-trial's level measured on a slow host is not taken for the next trial's on a fast one;
-only what was known before the trial starts enters its prediction."""
+Where the trials probed the host's speed between their steps (a fixed copy within the
+cache on one thread, orchestrator/train/speed_probe.py) and the driver probed it right
+before this ranking, each trial's ratio is carried from its speed to the driver's, in
+proportion: ratio x driver's probe / trial's probe. In one process under other sessions'
+load the mp 2 step's level followed that probe over windows of 40 steps (correlation
+0.80, log-log slope 1.27), so a level measured on a slow host is not taken for the next
+trial's on a fast one; only what was known before the trial starts enters its prediction."""
 
 from __future__ import annotations
 

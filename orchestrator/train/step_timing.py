@@ -84,7 +84,8 @@ def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
     until MAX_ROUNDS or, past MIN_ROUNDS, the budget; `agree(stop)` turns this
     worker's wish to stop into the decision every worker takes. After each round, outside
     its steps' timed windows, the host-speed `probe`; its seconds come back with the
-    samples."""
+    samples. The rounds go up and down the batches in turn, so that the step after a
+    probe, which finds part of its data evicted (speed_probe.py), is each batch's alike."""
     for b in sizes:
         step(b)
     samples: dict[float, list[StepParts]] = {b: [] for b in sizes}
@@ -93,7 +94,7 @@ def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
     for r in range(MAX_ROUNDS):
         if agree(r >= MIN_ROUNDS and clock() - started > BUDGET_S):
             break
-        for b in sizes:
+        for b in (sizes if r % 2 == 0 else reversed(sizes)):
             samples[b].append(step(b))
         probes.append(probe())
     return samples, probes

@@ -34,9 +34,11 @@ STATE_FILE = "state.pt"
 #: report blocks until the previous one is taken: reporting every 25 ms step, a run of
 #: 40 tiny-BigLSTM steps took 118 s where one of 5 took 49 s (about 2 s a step).
 REPORT_INTERVAL_S = 2.0
-#: Steps between two runs of the host-speed probe (after the step's clock stops): 20
-#: probes in a 60-step trial, each about 1.2 ms beside a tiny BigLSTM step of 10-20 ms.
-PROBE_EVERY = 3
+#: Steps between two runs of the host-speed probe (after the step's clock stops): 15
+#: probes in a 60-step trial, each about 0.8 ms beside a tiny BigLSTM step of 10-20 ms.
+#: The step after a probe takes some 5% longer (speed_probe.py), one step in four: the
+#: median step moves by about 1%, alike in every trial.
+PROBE_EVERY = 4
 
 
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
@@ -216,7 +218,7 @@ class HybridWorker:
         if (step + 1) % PROBE_EVERY == 0:
             # Every worker at the same steps, so that none waits for another's probe at
             # the next step's allreduce; outside the step's modelled parts (its seconds
-            # fall in the next step's idle, the loop between steps, in one step of three).
+            # fall in the next step's idle, the loop between steps, in one step of four).
             self.probes_s.append(self.probe())
         return metrics
 
