@@ -37,9 +37,10 @@ def _unflattened(result: dict, key: str) -> dict:
 
 class CorrectedSearcher(Searcher):
     """Suggests `{"candidate": ..., "ranked": ..., "order": n}` configs (the n-th
-    suggested, from 1), at most `max_trials`. `probe()` measures the host's speed right
-    before each ranking (seconds of orchestrator/train/speed_probe.py's workload; the
-    median of DRIVER_PROBES of them unless given)."""
+    suggested, from 1), at most `max_trials`, and with each the prediction carried to
+    the host's speed (`at_speed`): `probe()` measures that speed right before each
+    ranking (seconds of orchestrator/train/speed_probe.py's workload; the median of
+    DRIVER_PROBES of them unless given)."""
 
     def __init__(self, candidates: Sequence[Candidate], max_trials: int, *, metric: str,
                  mode: str = "min", probe: Callable[[], float] | None = None) -> None:
@@ -53,13 +54,22 @@ class CorrectedSearcher(Searcher):
     def suggest(self, trial_id: str) -> dict | str | None:
         if len(self.suggested) >= self.max_trials:
             return Searcher.FINISHED
-        correction = fit_correction(self.measurements, probe_s=self.probe())
+        probe_s = self.probe()
+        correction = fit_correction(self.measurements)
         tried = {c.key() for c in self.suggested.values()}
         c = next_candidate(self.candidates, tried, correction)
         if c is None:
             return Searcher.FINISHED
         self.suggested[trial_id] = c
+        # What the trials' levels carried to the host's speed now predict, recorded beside
+        # the prediction that ranks: on the runs recorded so far it missed more than the
+        # levels as measured (docs/benchmarks.md "Sweep"), so it does not rank, and every
+        # run measures it again.
+        at_speed = fit_correction(self.measurements, probe_s=probe_s)
         return {"candidate": c.to_dict(), "ranked": ranked(c, correction).to_dict(),
+                "at_speed": {"probe_s": probe_s,
+                             "predicted_step_s": ranked(c, at_speed).predicted_step_s,
+                             "from": at_speed.source(c.mp_degree)},
                 "order": len(self.suggested)}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,

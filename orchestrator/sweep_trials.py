@@ -21,7 +21,7 @@ CALIBRATED_TOLERANCE = 0.15
 
 def trial_record(config: dict, metrics: dict) -> dict:
     c = Candidate.from_dict(config["candidate"])
-    ranked = config["ranked"]
+    ranked, at_speed = config["ranked"], config["at_speed"]
     correction = Correction.from_dict(ranked["correction"])
     measured = float(metrics[MEASURED])
     timed_here = metrics.get(TIMED_HERE)
@@ -43,9 +43,12 @@ def trial_record(config: dict, metrics: dict) -> dict:
             timed_here).step_s(c.config.worker_batch),
         # The host-speed probe (orchestrator/train/speed_probe.py), seconds: the driver's
         # right before it ranked the trial, the trial's between its steps and after the
-        # rounds of its own timing.
-        "ranked_probe_s": correction.probe_s, "probe_s": metrics.get(PROBE),
+        # rounds of its own timing; and what the earlier trials' levels carried to the
+        # driver's probe predicted (CorrectedSearcher).
+        "ranked_probe_s": at_speed["probe_s"], "probe_s": metrics.get(PROBE),
         "timed_here_probe_s": None if timed_here is None else timed_here.get("probe_s"),
+        "at_speed_step_s": at_speed["predicted_step_s"], "at_speed_from": at_speed["from"],
+        "at_speed_error": measured / at_speed["predicted_step_s"] - 1,
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),
         "breakdown_s": {p: float(metrics.get(f"time_{p}_s", math.nan)) for p in PARTS},
@@ -66,12 +69,14 @@ def cores_text(t: dict) -> str:
 
 
 def probe_text(t: dict) -> str:
-    """The host-speed probe the driver ran before ranking the trial against the trial's
-    own between its steps, in words ("" where either is unknown)."""
-    ranked, own = t.get("ranked_probe_s"), t.get("probe_s")
-    if ranked is None or own is None:
+    """The host-speed probe the trial ran between its steps against the driver's before
+    ranking it, and the prediction carried to the driver's, in words ("" where the trial
+    probed nothing)."""
+    ranked, own = t["ranked_probe_s"], t["probe_s"]
+    if own is None:
         return ""
-    return f"host-speed probe {own * 1e3:.3f} ms, {ranked * 1e3:.3f} before ranking"
+    return (f"host-speed probe {own * 1e3:.3f} ms, {ranked * 1e3:.3f} before ranking; carried "
+            f"to it {t['at_speed_step_s'] * 1e3:.1f} ms, {t['at_speed_error']:+.0%}")
 
 
 def trial_records(grid: Iterable) -> list[dict]:

@@ -41,11 +41,14 @@ another process errs by about sqrt(2) x 13% here.
 
 Where the trials probed the host's speed between their steps (a fixed copy within the
 cache on one thread, orchestrator/train/speed_probe.py) and the driver probed it right
-before this ranking, each trial's ratio is carried from its speed to the driver's, in
-proportion: ratio x driver's probe / trial's probe. In one process under other sessions'
-load the mp 2 step's level followed that probe over windows of 40 steps (correlation
-0.80, log-log slope 1.27), so a level measured on a slow host is not taken for the next
-trial's on a fast one; only what was known before the trial starts enters its prediction."""
+before a ranking, `fit_correction(..., probe_s=...)` carries each trial's ratio from its
+speed to the driver's, in proportion: ratio x driver's probe / trial's probe, from what
+is known before the trial starts. In one process under other sessions' load the mp 2
+step's level followed that probe over windows of 40 steps (correlation 0.80, log-log
+slope 1.27); but across processes the driver's probe did not foresee the next trial's
+level, and on the runs recorded so far the carried prediction missed more than the
+level as measured (docs/benchmarks.md "Sweep"). So the sweep ranks without it and
+records it beside each trial (orchestrator/search.py)."""
 
 from __future__ import annotations
 

@@ -79,12 +79,12 @@ def _step(planned: PlannedModel, sync: DDPSync | GradientSync,
 
 def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
             clock: Callable[[], float], agree: Callable[[bool], bool],
-            probe: Callable[[], float]) -> Samples:
+            probe: Callable[[], float] | None) -> Samples:
     """One warm-up step at each batch, then rounds of one step at each batch in turn
     until MAX_ROUNDS or, past MIN_ROUNDS, the budget; `agree(stop)` turns this
     worker's wish to stop into the decision every worker takes. After each round, outside
-    its steps' timed windows, the host-speed `probe`; its seconds come back with the
-    samples. The rounds go up and down the batches in turn, so that the step after a
+    its steps' timed windows, the host-speed `probe` (None: this worker probes nothing);
+    its seconds come back with the samples. The rounds go up and down the batches in turn, so that the step after a
     probe, which finds part of its data evicted (speed_probe.py), is each batch's alike."""
     for b in sizes:
         step(b)
@@ -96,7 +96,8 @@ def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
             break
         for b in (sizes if r % 2 == 0 else reversed(sizes)):
             samples[b].append(step(b))
-        probes.append(probe())
+        if probe is not None:
+            probes.append(probe())
     return samples, probes
 
 
@@ -125,7 +126,7 @@ def _cpu_sync(planned: PlannedModel, plan: Plan, world: int) -> DDPSync | Gradie
 
 def _timed_samples(planned: PlannedModel, sync: DDPSync | GradientSync,
                    data: Mapping[int, tuple], *, world: int, clock: Callable[[], float],
-                   probe: Callable[[], float]) -> Samples:
+                   probe: Callable[[], float] | None) -> Samples:
     """This worker's samples and probes (`_rounds`): its executor and gradient sync among
     `world` workers (the process group is up when world > 1)."""
     # lr 0, an optimizer of its own: the timing's updates cost what the worker's do and
@@ -162,8 +163,11 @@ def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Pla
                             world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     try:
+        # Rank 0 alone probes: two probes at once share the cache and read slower than
+        # one (speed_probe.py).
         samples, probes = _timed_samples(planned, _cpu_sync(planned, plan, world), data,
-                                         world=world, clock=time.perf_counter, probe=probe)
+                                         world=world, clock=time.perf_counter,
+                                         probe=probe if rank == 0 else None)
         # Every rank's gloo work is done before any rank tears its group down.
         dist.barrier()
     finally:
@@ -233,7 +237,7 @@ def time_plan(model: str, preset: str, plan: Plan, batches: Sequence[float], *,
 
 def time_in_worker(planned: PlannedModel, sync: DDPSync | GradientSync, plan: Plan,
                    batches: Sequence[float], *, world: int,
-                   probe: Callable[[], float]) -> TimedStep:
+                   probe: Callable[[], float] | None) -> TimedStep:
     """A sweep trial's own timing of its mp_degree's step at each of `batches`, run by
     every one of its `world` workers at once (Ray Train's process group is up), with the
     worker's own executor and gradient sync: the rounds `time_plan` runs before the

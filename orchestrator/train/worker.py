@@ -35,7 +35,7 @@ STATE_FILE = "state.pt"
 #: 40 tiny-BigLSTM steps took 118 s where one of 5 took 49 s (about 2 s a step).
 REPORT_INTERVAL_S = 2.0
 #: Steps between two runs of the host-speed probe (after the step's clock stops): 15
-#: probes in a 60-step trial, each about 0.8 ms beside a tiny BigLSTM step of 10-20 ms.
+#: probes in a 60-step trial, each about 0.6 ms beside a tiny BigLSTM step of 10-20 ms.
 #: The step after a probe takes some 5% longer (speed_probe.py), one step in four: the
 #: median step moves by about 1%, alike in every trial.
 PROBE_EVERY = 4
@@ -215,10 +215,12 @@ class HybridWorker:
             self.unreported.clear()
         clock.mark("reporting")
         clock.finish()
-        if (step + 1) % PROBE_EVERY == 0:
-            # Every worker at the same steps, so that none waits for another's probe at
-            # the next step's allreduce; outside the step's modelled parts (its seconds
-            # fall in the next step's idle, the loop between steps, in one step of four).
+        if self.rank == 0 and (step + 1) % PROBE_EVERY == 0:
+            # Rank 0 alone, whose metrics are the trial's: two probes at once share the
+            # cache (an e2e run's dp 2 trials probed 0.72-0.83 ms against the driver's
+            # single 0.45-0.62). Outside the step's modelled parts: its seconds fall in
+            # the next step's idle (the loop between steps), one step in four, while the
+            # other workers wait for it at that step's allreduce.
             self.probes_s.append(self.probe())
         return metrics
 
@@ -236,7 +238,8 @@ class HybridWorker:
         with torch.random.fork_rng(devices=[]):
             self.timed_here = time_in_worker(self.planned, self.sync, self.plan,
                                              self.time_batches, world=self.world,
-                                             probe=self.probe).to_dict()
+                                             probe=self.probe if self.rank == 0 else None
+                                             ).to_dict()
         with torch.no_grad():
             for name, b in self.model.named_buffers():
                 b.copy_(buffers[name])
