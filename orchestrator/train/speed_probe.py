@@ -17,9 +17,9 @@ steps, the step 9.3-16.9 ms): this copy tracked the step's level with a correlat
 3.3 (they sit in the core's own cache: the step moved 3x as much as they did), the two
 together 0.84 and 2.5. A step right after the copy took 4.6% longer (the copy evicts
 some of the step's data), after the products 1.9%: the probe runs outside a step's
-timed window, after one step in four (worker.py) and after each round of a timing, so
-that its cost lands alike on every trial and, the rounds' order alternating, on every
-batch of a timing. About 0.6 ms, the first, untimed copy included."""
+timed window, after one step in four, the next step left out of the trial's medians
+(worker.py), and after each round of a timing, whose order alternates so that the cost
+lands on every batch alike. About 0.6 ms, the first, untimed copy included."""
 
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ STATE_FILE = "state.pt"
 REPORT_INTERVAL_S = 2.0
 #: Steps between two runs of the host-speed probe (after the step's clock stops): 15
 #: probes in a 60-step trial, each about 0.6 ms beside a tiny BigLSTM step of 10-20 ms.
-#: The step after a probe takes some 5% longer (speed_probe.py), one step in four: the
-#: median step moves by about 1%, alike in every trial.
+#: The step after a probe, which takes some 5% longer (speed_probe.py), is left out of
+#: the medians.
 PROBE_EVERY = 4
 
 
@@ -150,6 +150,10 @@ class HybridWorker:
         self.clock = StepClock(device_timer=device_timer(self.devices))
         self.probe = SpeedProbe()
         self.probes_s: list[float] = []  # every host-speed probe of this run
+        #: Whether the step under way follows a probe: timed, but left out of the medians
+        #: (measured step, projected time) like the warm-up.
+        self.after_probe = False
+        self.counted_s: list[float] = []  # the step times the medians count
 
     def train_step(self, step: int) -> dict[str, float]:
         """Step `step` (0-based): train, and return its metrics (`step_time_s`: the
@@ -158,7 +162,7 @@ class HybridWorker:
         cfg, world = self.cfg, self.world
         _maybe_fail(cfg, step, self.rank, self.marker_dir)
         clock = self.clock
-        clock.start()
+        clock.start(counted=not self.after_probe)
         batch = self.source.batch(step)
         clock.mark("data")
         self.optimizer.zero_grad(set_to_none=True)
@@ -190,12 +194,14 @@ class HybridWorker:
                               self.global_batch)
         self.history["losses"].append(float(scalars[0]))
         self.history["step_times_s"].append(step_time)
+        if not self.after_probe:
+            self.counted_s.append(step_time)
         self.unreported.append(step_time)
         median_step = statistics.median(self.unreported)
         metrics = {"step": step + 1, "loss": self.history["losses"][-1],
                    "step_time_s": median_step, "samples_per_s": self.global_batch / median_step,
                    **_projection(self.projection, self.noise, self.global_batch,
-                                 self.history["step_times_s"][WARMUP_STEPS:]
+                                 self.counted_s[WARMUP_STEPS:] or self.counted_s
                                  or self.history["step_times_s"]),
                    **clock.medians()}
         if self.timed_here is not None:
@@ -215,12 +221,13 @@ class HybridWorker:
             self.unreported.clear()
         clock.mark("reporting")
         clock.finish()
-        if self.rank == 0 and (step + 1) % PROBE_EVERY == 0:
+        self.after_probe = self.rank == 0 and (step + 1) % PROBE_EVERY == 0
+        if self.after_probe:
             # Rank 0 alone, whose metrics are the trial's: two probes at once share the
             # cache (an e2e run's dp 2 trials probed 0.72-0.83 ms against the driver's
-            # single 0.45-0.62). Outside the step's modelled parts: its seconds fall in
-            # the next step's idle (the loop between steps), one step in four, while the
-            # other workers wait for it at that step's allreduce.
+            # single 0.45-0.62). Outside the step's clock; the next step, which finds
+            # part of its data evicted (4.7% slower, speed_probe.py), is left out of the
+            # medians, and the other workers wait for the probe at its allreduce.
             self.probes_s.append(self.probe())
         return metrics
 

@@ -2,6 +2,7 @@
 plan's execution and the micro-batching leave the training trajectory unchanged."""
 
 import dataclasses
+import statistics
 import time
 
 import numpy as np
@@ -179,6 +180,11 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
     assert 1e-4 < own.probe_s < 0.05, own.probe_s
     assert 1e-4 < reports[-1][PROBE] < 0.05, reports[-1]
     assert all(PROBE not in m for m in reports if m["step"] <= PROBE_EVERY)
+    # The step right after the probe is timed but not measured: the median of the
+    # steps between the warm-up and the probe.
+    assert len(timed["step_times_s"]) == PROBE_EVERY + 1
+    assert reports[-1]["measured_step_s"] == pytest.approx(
+        statistics.median(timed["step_times_s"][1:PROBE_EVERY]))
     assert timed["losses"] == plain["losses"]
     for name, value in plain["final_params"].items():
         np.testing.assert_array_equal(timed["final_params"][name], value)
