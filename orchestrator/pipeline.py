@@ -34,7 +34,7 @@ from orchestrator.sweep import (
     set_aside_unrecorded_trials,
     train_config,
 )
-from orchestrator.sweep_trials import cores_text, trial_records
+from orchestrator.sweep_trials import cores_text, probe_text, trial_records
 from orchestrator.train.cluster import ray_cluster
 from orchestrator.train.resources import (JobDevices, decide_devices, load_node_types,
                                           profile_on_gpu_worker)
@@ -138,7 +138,8 @@ def trial_status(t: dict) -> str:
     """One status line per trial: the prediction it was ranked by against its measure."""
     own = t["timed_here_step_s"]
     timed_here = None if own is None else f"timed in its workers at {own * 1e3:.1f} ms"
-    measure = "; ".join(filter(None, (f"{t['error']:+.0%}", cores_text(t), timed_here)))
+    measure = "; ".join(filter(None, (f"{t['error']:+.0%}", cores_text(t), timed_here,
+                                      probe_text(t))))
     return (f"{t['key']}: ranked by {t['predicted_step_s'] * 1e3:.1f} ms a step "
             f"({t['step_source']} {t['model_step_s'] * 1e3:.1f} ms "
             f"{t['overhead_s'] * 1e3:+.1f} ms, from "

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from orchestrator.search import MEASURED
 from orchestrator.sweep import METRIC
-from orchestrator.train.job import TIMED_HERE
+from orchestrator.train.job import PROBE, TIMED_HERE
 from orchestrator.train.step_breakdown import PARTS
 from placement.scaling.timed_step import TimedStep
 from placement.sweep_rank import Correction
@@ -21,7 +21,7 @@ CALIBRATED_TOLERANCE = 0.15
 
 def trial_record(config: dict, metrics: dict) -> dict:
     c = Candidate.from_dict(config["candidate"])
-    ranked = config["ranked"]
+    ranked, at_speed = config["ranked"], config["at_speed"]
     correction = Correction.from_dict(ranked["correction"])
     measured = float(metrics[MEASURED])
     timed_here = metrics.get(TIMED_HERE)
@@ -41,6 +41,14 @@ def trial_record(config: dict, metrics: dict) -> dict:
         "timed_here": timed_here,
         "timed_here_step_s": None if timed_here is None else TimedStep.from_dict(
             timed_here).step_s(c.config.worker_batch),
+        # The host-speed probe (orchestrator/train/speed_probe.py), seconds: the driver's
+        # right before it ranked the trial, the trial's between its steps and after the
+        # rounds of its own timing; and what the earlier trials' levels carried to the
+        # driver's probe predicted (CorrectedSearcher).
+        "ranked_probe_s": at_speed["probe_s"], "probe_s": metrics.get(PROBE),
+        "timed_here_probe_s": None if timed_here is None else timed_here.get("probe_s"),
+        "at_speed_step_s": at_speed["predicted_step_s"], "at_speed_from": at_speed["from"],
+        "at_speed_error": measured / at_speed["predicted_step_s"] - 1,
         "error": measured / ranked["predicted_step_s"] - 1,
         "projected_time_s": float(metrics[METRIC]),
         "breakdown_s": {p: float(metrics.get(f"time_{p}_s", math.nan)) for p in PARTS},
@@ -58,6 +66,17 @@ def cores_text(t: dict) -> str:
     if used is None or timed is None:
         return ""
     return f"{used:.2f} cores busy, timed at {timed:.2f}"
+
+
+def probe_text(t: dict) -> str:
+    """The host-speed probe the trial ran between its steps against the driver's before
+    ranking it, and the prediction carried to the driver's, in words ("" where the trial
+    probed nothing)."""
+    ranked, own = t["ranked_probe_s"], t["probe_s"]
+    if own is None:
+        return ""
+    return (f"host-speed probe {own * 1e3:.3f} ms, {ranked * 1e3:.3f} before ranking; carried "
+            f"to it {t['at_speed_step_s'] * 1e3:.1f} ms, {t['at_speed_error']:+.0%}")
 
 
 def trial_records(grid: Iterable) -> list[dict]:

@@ -37,7 +37,18 @@ measured steps (59 against the timing's 25 per batch) the level. Replayed on the
 calibrated trials recorded on the quiet box at commit 03ec862, the shrunk ratio put 4
 within 15% (+18.9% the miss), the full ratio all 5 (-10.1 to +6.9%). What no rule here
 can foresee is the host's speed while the next trial runs: a prediction taken from
-another process errs by about sqrt(2) x 13% here."""
+another process errs by about sqrt(2) x 13% here.
+
+Where the trials probed the host's speed between their steps (a fixed copy within the
+cache on one thread, orchestrator/train/speed_probe.py) and the driver probed it right
+before a ranking, `fit_correction(..., probe_s=...)` carries each trial's ratio from its
+speed to the driver's, in proportion: ratio x driver's probe / trial's probe, from what
+is known before the trial starts. In one process under other sessions' load the mp 2
+step's level followed that probe over windows of 40 steps (correlation 0.80, log-log
+slope 1.27); but across processes the driver's probe did not foresee the next trial's
+level, and on the runs recorded so far the carried prediction missed more than the
+level as measured (docs/benchmarks.md "Sweep"). So the sweep ranks without it and
+records it beside each trial (orchestrator/search.py)."""
 
 from __future__ import annotations
 
@@ -66,6 +77,9 @@ class Measurement:
     """The trial's own timing of its mp_degree's worker step (None: it timed nothing)."""
     worker_batch: float | None = None
     """Samples per worker per step of the trial (needed with `retimed`)."""
+    probe_s: float | None = None
+    """The median host-speed probe the trial ran between its steps, in seconds
+    (orchestrator/train/speed_probe.py); None where it ran none."""
 
     def __post_init__(self) -> None:
         if not (self.predicted_step_s > 0 and self.measured_step_s > 0):
@@ -73,6 +87,8 @@ class Measurement:
                              f"{self.measured_step_s} must both be > 0")
         if self.retimed is not None and self.worker_batch is None:
             raise ValueError("a measurement with its trial's own timing needs its worker_batch")
+        if self.probe_s is not None and not self.probe_s > 0:
+            raise ValueError(f"probe_s={self.probe_s} must be > 0 (or None: no probe ran)")
 
     @property
     def ratio(self) -> float:
@@ -107,6 +123,11 @@ class Correction:
     """The ratio of an mp_degree not measured yet: all trials' median, shrunk; else 1."""
     retimed: Mapping[int, tuple[TimedStep, ...]] = field(default_factory=dict)
     """Each mp_degree's steps as its trials timed them in their own workers."""
+    probe_s: float | None = None
+    """The host-speed probe the driver ran right before this ranking, in seconds."""
+    trial_probe_s: Mapping[int, float] = field(default_factory=dict)
+    """The median probe of the trials behind each ratio carried to `probe_s` (an
+    mp_degree is absent where its ratio is not: `fit_correction`)."""
 
     def ratio(self, mp_degree: int) -> float:
         return self.ratios.get(mp_degree, self.shared_ratio)
@@ -135,7 +156,9 @@ class Correction:
             n = self.trials[mp_degree]
             timed = (f", timed in {'their' if n > 1 else 'its'} workers"
                      if mp_degree in self.retimed else "")
-            return f"{n} mp {mp_degree} trial{'s' * (n > 1)}{timed}"
+            speed = (f", host-speed probe {self.trial_probe_s[mp_degree] * 1e3:.3f} ms then, "
+                     f"{self.probe_s * 1e3:.3f} now" if mp_degree in self.trial_probe_s else "")
+            return f"{n} mp {mp_degree} trial{'s' * (n > 1)}{timed}{speed}"
         if self.ratios:
             n = sum(self.trials.values())
             return f"{n} trial{'s' * (n > 1)} of other mp_degrees"
@@ -146,7 +169,9 @@ class Correction:
                 "trials": {str(m): n for m, n in sorted(self.trials.items())},
                 "shared_ratio": self.shared_ratio,
                 "retimed": {str(m): [t.to_dict() for t in ts]
-                            for m, ts in sorted(self.retimed.items())}}
+                            for m, ts in sorted(self.retimed.items())},
+                "probe_s": self.probe_s,
+                "trial_probe_s": {str(m): p for m, p in sorted(self.trial_probe_s.items())}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Correction:
@@ -154,30 +179,48 @@ class Correction:
                    trials={int(m): n for m, n in d["trials"].items()},
                    shared_ratio=d["shared_ratio"],
                    retimed={int(m): tuple(TimedStep.from_dict(t) for t in ts)
-                            for m, ts in d["retimed"].items()})
+                            for m, ts in d["retimed"].items()},
+                   probe_s=d.get("probe_s"),
+                   trial_probe_s={int(m): p for m, p in d.get("trial_probe_s", {}).items()})
 
 
-def fit_correction(measurements: Sequence[Measurement]) -> Correction:
+def fit_correction(measurements: Sequence[Measurement],
+                   probe_s: float | None = None) -> Correction:
     """The ratio of each mp_degree measured so far (medians: one trial caught by a
     neighbour's burst moves it less once there are three), shrunk where it is against
     the step that ranked the trials. An mp_degree whose trials timed their own step
     keeps only those trials: the median of their ratios against their own timings, in
-    full (the module's docstring says why)."""
+    full (the module's docstring says why); and where those trials probed the host's
+    speed and the driver's probe right now is `probe_s`, each ratio is carried from the
+    speed its trial ran at to the speed now (`_at_speed`)."""
     by_mp: dict[int, list[Measurement]] = {}
     for m in measurements:
         by_mp.setdefault(m.mp_degree, []).append(m)
-    ratios, trials, retimed = {}, {}, {}
+    ratios, trials, retimed, trial_probe_s = {}, {}, {}, {}
     for mp, ms in by_mp.items():
         own = [m for m in ms if m.retimed is not None]
         if own:
             retimed[mp] = tuple(m.retimed for m in own)
-            ratios[mp] = statistics.median(m.retimed_ratio for m in own)
             trials[mp] = len(own)
+            if probe_s is not None and all(m.probe_s is not None for m in own):
+                ratios[mp] = statistics.median(_at_speed(m, probe_s) for m in own)
+                trial_probe_s[mp] = statistics.median(m.probe_s for m in own)
+            else:
+                ratios[mp] = statistics.median(m.retimed_ratio for m in own)
         else:
             ratios[mp], trials[mp] = shrunk([m.ratio for m in ms]), len(ms)
     return Correction(ratios=ratios, trials=trials, retimed=retimed,
                       shared_ratio=shrunk([m.ratio for m in measurements])
-                      if measurements else 1.0)
+                      if measurements else 1.0,
+                      probe_s=probe_s, trial_probe_s=trial_probe_s)
+
+
+def _at_speed(m: Measurement, probe_s: float) -> float:
+    """`m`'s ratio against its own timing, at the host speed whose probe takes `probe_s`:
+    the step's level scaled by the probe's, in proportion (one core's arithmetic; the
+    worker's step is the same kind of work, on as many cores as it has devices)."""
+    assert m.probe_s is not None
+    return m.retimed_ratio * probe_s / m.probe_s
 
 
 @dataclass(frozen=True, kw_only=True)

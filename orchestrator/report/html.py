@@ -86,6 +86,8 @@ def _trial_row(t: dict) -> str:
             f"<td>{t['predicted_step_s'] * 1e3:.2f}</td><td>{t['measured_step_s'] * 1e3:.2f}</td>"
             f"<td>{t['error']:+.1%}{mark}</td><td>{_ms(t['timed_here_step_s'])}</td>"
             f"<td>{html.escape(cores_text(t)) or '-'}</td>"
+            f"<td>{_ms(t['probe_s'])} / {_ms(t['ranked_probe_s'])}; "
+            f"{_ms(t['at_speed_step_s'])}, {t['at_speed_error']:+.1%}</td>"
             f"<td>{parts}</td>"
             f"<td>{t['projected_time_s']:.4g}</td><td>{t['loss']:.4f}</td>"
             f"<td>{_noise(t['noise_scale'])}</td><td>{t['steps']}</td></tr>")
@@ -156,7 +158,7 @@ fewer shared them with other processes while it ran.</p>
 <table><tr><th>trial</th><th>dp</th><th>mp</th><th>global batch</th>
 <th>uncorrected step (ms)</th><th>correction (ms)</th><th>ranked step (ms)</th>
 <th>measured step (ms)</th><th>error</th><th>timed in its workers (ms)</th>
-<th>cores (trial, timing)</th>
+<th>cores (trial, timing)</th><th>host-speed probe: trial / before ranking (ms); carried to it (ms, error)</th>
 <th>{' / '.join(PARTS)} (ms)</th>
 <th>projected time (s)</th><th>loss</th><th>noise scale</th><th>steps</th></tr>{table}</table>
 <h2>Plans (one worker per mp_degree)</h2>

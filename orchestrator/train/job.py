@@ -14,6 +14,9 @@ from placement.scaling.efficiency import StatisticalEfficiency, steps_per_run
 #: The metric in which a sweep trial's rank 0 reports its own timing of its step (a
 #: TimedStep's to_dict) with each of its steps' reports (`WorkerJob.time_batches`).
 TIMED_HERE = "timed_here"
+#: The metric in which a worker reports the median of the host-speed probes it ran
+#: between its steps so far, in seconds (orchestrator/train/speed_probe.py).
+PROBE = "probe_s"
 
 
 @dataclass(frozen=True, kw_only=True)

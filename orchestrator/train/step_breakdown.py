@@ -81,8 +81,11 @@ class StepClock:
         self.device_timer = device_timer
         self.cpu_clock = cpu_clock
         self.steps: list[dict[str, float]] = []
+        """The parts of each finished step the medians count (`start(counted=False)`
+        leaves a step out)."""
         self.cores: list[float] = []
-        """Per finished step with a data and an optimizer mark: cores busy between them."""
+        """Per counted step with a data and an optimizer mark: cores busy between them."""
+        self._counted = True  # whether the step under way goes into the medians
         self._previous_end: float | None = None
         self._started = 0.0  # where the step under way began: the previous one's end
         self._start = 0.0  # the host's time when the device timer's start was recorded
@@ -92,7 +95,10 @@ class StepClock:
         # (host time, process CPU time) at the marks that bound the modelled span.
         self._span: dict[str, tuple[float, float]] = {}
 
-    def start(self) -> None:
+    def start(self, *, counted: bool = True) -> None:
+        """Start a step; one not `counted` is timed but left out of the medians (a step
+        right after work outside the steps that evicted its data from the cache)."""
+        self._counted = counted
         now = self.clock()
         # The loop between the previous step's end and this one counts as idle.
         self._marks = [] if self._previous_end is None else [("idle", now, None)]
@@ -132,8 +138,10 @@ class StepClock:
     def finish(self) -> dict[str, float]:
         measured, end = self._parts()
         parts = {p: measured.get(p, 0.0) for p in PARTS}
-        self.steps.append(parts)
         self._previous_end = end
+        if not self._counted:
+            return parts
+        self.steps.append(parts)
         if {"data", "optimizer"} <= self._span.keys():
             (wall0, cpu0), (wall1, cpu1) = self._span["data"], self._span["optimizer"]
             if wall1 > wall0:

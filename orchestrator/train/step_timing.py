@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from orchestrator.train.speed_probe import SpeedProbe
 from orchestrator.train.sync import DDPSync, GradientSync
 from orchestrator.train.worker_executor import PlannedModel, build_executor, gradient_sync
 from placement.plan import Plan
@@ -45,6 +46,8 @@ SAMPLES_FILE = "samples.json"
 #: The (compute, allreduce, optimizer) seconds of one step, and the process CPU seconds
 #: (every thread's) it took.
 StepParts = tuple[float, float, float, float]
+#: A worker's timed steps at each batch, and the host-speed probes between its rounds.
+Samples = tuple[dict[float, list[StepParts]], list[float]]
 
 
 @contextmanager
@@ -75,21 +78,27 @@ def _step(planned: PlannedModel, sync: DDPSync | GradientSync,
 
 
 def _rounds(step: Callable[[int], StepParts], sizes: Sequence[int],
-            clock: Callable[[], float],
-            agree: Callable[[bool], bool]) -> dict[float, list[StepParts]]:
+            clock: Callable[[], float], agree: Callable[[bool], bool],
+            probe: Callable[[], float] | None) -> Samples:
     """One warm-up step at each batch, then rounds of one step at each batch in turn
     until MAX_ROUNDS or, past MIN_ROUNDS, the budget; `agree(stop)` turns this
-    worker's wish to stop into the decision every worker takes."""
+    worker's wish to stop into the decision every worker takes. After each round, outside
+    its steps' timed windows, the host-speed `probe` (None: this worker probes nothing);
+    its seconds come back with the samples. The rounds go up and down the batches in turn, so that the step after a
+    probe, which finds part of its data evicted (speed_probe.py), is each batch's alike."""
     for b in sizes:
         step(b)
     samples: dict[float, list[StepParts]] = {b: [] for b in sizes}
+    probes = []
     started = clock()
     for r in range(MAX_ROUNDS):
         if agree(r >= MIN_ROUNDS and clock() - started > BUDGET_S):
             break
-        for b in sizes:
+        for b in (sizes if r % 2 == 0 else reversed(sizes)):
             samples[b].append(step(b))
-    return samples
+        if probe is not None:
+            probes.append(probe())
+    return samples, probes
 
 
 def _sizes(plan: Plan, batches: Sequence[float]) -> list[int]:
@@ -116,10 +125,10 @@ def _cpu_sync(planned: PlannedModel, plan: Plan, world: int) -> DDPSync | Gradie
 
 
 def _timed_samples(planned: PlannedModel, sync: DDPSync | GradientSync,
-                   data: Mapping[int, tuple], *, world: int,
-                   clock: Callable[[], float]) -> dict[float, list[StepParts]]:
-    """This worker's samples: its executor and gradient sync among `world` workers (the
-    process group is up when world > 1)."""
+                   data: Mapping[int, tuple], *, world: int, clock: Callable[[], float],
+                   probe: Callable[[], float] | None) -> Samples:
+    """This worker's samples and probes (`_rounds`): its executor and gradient sync among
+    `world` workers (the process group is up when world > 1)."""
     # lr 0, an optimizer of its own: the timing's updates cost what the worker's do and
     # leave the weights (and so the arithmetic's values) and a trial's optimizer state
     # as they were.
@@ -140,11 +149,12 @@ def _timed_samples(planned: PlannedModel, sync: DDPSync | GradientSync,
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag[0] > 0)
 
-    return _rounds(step, sorted(data), clock, agree)
+    return _rounds(step, sorted(data), clock, agree, probe)
 
 
 def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Plan,
-                         data: Mapping[int, tuple], folder: Path) -> None:
+                         data: Mapping[int, tuple], probe: Callable[[], float],
+                         folder: Path) -> None:
     """One of `world` forked workers (a copy of the driver's executor each); rank 0
     writes its samples to `folder`."""
     # Before any op: a forked process must not enter the parent's OpenMP pool.
@@ -153,14 +163,18 @@ def _side_by_side_worker(rank: int, world: int, planned: PlannedModel, plan: Pla
                             world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        samples = _timed_samples(planned, _cpu_sync(planned, plan, world), data, world=world,
-                                 clock=time.perf_counter)
+        # Rank 0 alone probes: two probes at once share the cache and read slower than
+        # one (speed_probe.py).
+        samples, probes = _timed_samples(planned, _cpu_sync(planned, plan, world), data,
+                                         world=world, clock=time.perf_counter,
+                                         probe=probe if rank == 0 else None)
         # Every rank's gloo work is done before any rank tears its group down.
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        (folder / SAMPLES_FILE).write_text(json.dumps({str(b): s for b, s in samples.items()}))
+        (folder / SAMPLES_FILE).write_text(json.dumps(
+            {"samples": {str(b): s for b, s in samples.items()}, "probes": probes}))
 
 
 def _wait_all(procs: list) -> None:
@@ -181,9 +195,10 @@ def _wait_all(procs: list) -> None:
 
 
 def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], *,
-                  dp_degree: int) -> dict[float, list[StepParts]]:
-    """Rank 0's samples of `dp_degree` workers timed side by side, each its own process
-    as in a trial. Forked from the driver, which has built the executor: fresh
+                  dp_degree: int,
+                  probe: Callable[[], float]) -> Samples:
+    """Rank 0's samples and probes of `dp_degree` workers timed side by side, each its own
+    process as in a trial. Forked from the driver, which has built the executor: fresh
     interpreters import torch and capture the model again (measured with tiny BigLSTM's
     mp 1 pair: 18-21 s spawned against 3.5 s forked, the rounds included). A forked worker touches none of the driver's Ray
     state and leaves by os._exit (multiprocessing's), running none of its exit hooks."""
@@ -191,32 +206,38 @@ def _side_by_side(planned: PlannedModel, plan: Plan, data: Mapping[int, tuple], 
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as name:
         folder = Path(name)
         procs = [fork.Process(target=_side_by_side_worker,
-                              args=(r, dp_degree, planned, plan, data, folder))
+                              args=(r, dp_degree, planned, plan, data, probe, folder))
                  for r in range(dp_degree)]
         for p in procs:
             p.start()
         _wait_all(procs)
         saved = json.loads((folder / SAMPLES_FILE).read_text())
-    return {float(b): [tuple(parts) for parts in s] for b, s in saved.items()}
+    return ({float(b): [tuple(parts) for parts in s] for b, s in saved["samples"].items()},
+            saved["probes"])
 
 
 def time_plan(model: str, preset: str, plan: Plan, batches: Sequence[float], *,
               dp_degree: int = 1, seed: int = 0,
-              clock: Callable[[], float] = time.perf_counter) -> TimedStep:
+              clock: Callable[[], float] = time.perf_counter,
+              probe: Callable[[], float] | None = None) -> TimedStep:
     """`plan`'s worker step at each of `batches` (samples per worker) among `dp_degree`
     workers: in this process alone (dp 1, on `clock`), else side by side in forked
-    processes (on their own perf_counter)."""
+    processes (on their own perf_counter); the host-speed `probe` (a SpeedProbe unless
+    given) after each round, in each worker."""
     sizes = _sizes(plan, batches)
+    probe = probe or SpeedProbe()
     with _one_thread():
         planned, data = _built(model, preset, plan, sizes, seed)
-        samples = (_timed_samples(planned, _cpu_sync(planned, plan, 1), data, world=1,
-                                  clock=clock) if dp_degree == 1
-                   else _side_by_side(planned, plan, data, dp_degree=dp_degree))
-    return timed_step(plan.num_devices, dp_degree, plan.num_micro_batches, samples)
+        samples, probes = (
+            _timed_samples(planned, _cpu_sync(planned, plan, 1), data, world=1, clock=clock,
+                           probe=probe) if dp_degree == 1
+            else _side_by_side(planned, plan, data, dp_degree=dp_degree, probe=probe))
+    return timed_step(plan.num_devices, dp_degree, plan.num_micro_batches, samples, probes)
 
 
 def time_in_worker(planned: PlannedModel, sync: DDPSync | GradientSync, plan: Plan,
-                   batches: Sequence[float], *, world: int) -> TimedStep:
+                   batches: Sequence[float], *, world: int,
+                   probe: Callable[[], float] | None) -> TimedStep:
     """A sweep trial's own timing of its mp_degree's step at each of `batches`, run by
     every one of its `world` workers at once (Ray Train's process group is up), with the
     worker's own executor and gradient sync: the rounds `time_plan` runs before the
@@ -226,8 +247,9 @@ def time_in_worker(planned: PlannedModel, sync: DDPSync | GradientSync, plan: Pl
     without a device synchronize."""
     sizes = _sizes(plan, batches)
     data = {b: planned.spec.make_batch(b) for b in sizes}
-    samples = _timed_samples(planned, sync, data, world=world, clock=time.perf_counter)
-    return timed_step(plan.num_devices, world, plan.num_micro_batches, samples)
+    samples, probes = _timed_samples(planned, sync, data, world=world,
+                                     clock=time.perf_counter, probe=probe)
+    return timed_step(plan.num_devices, world, plan.num_micro_batches, samples, probes)
 
 
 def time_worker_steps(model: str, preset: str, plans: Mapping[int, Plan],

@@ -19,8 +19,9 @@ import torch.distributed as dist
 from orchestrator.runtime.devices import load_state, plan_devices, synchronize
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
-from orchestrator.train.job import TIMED_HERE, Projection, WorkerJob
+from orchestrator.train.job import PROBE, TIMED_HERE, Projection, WorkerJob
 from orchestrator.train.step_breakdown import WARMUP_STEPS, StepClock, device_timer
+from orchestrator.train.speed_probe import SpeedProbe
 from orchestrator.train.step_timing import time_in_worker
 from orchestrator.train.sync import collective_device
 from orchestrator.train.noise_scale import NoiseScaleEstimator
@@ -33,6 +34,11 @@ STATE_FILE = "state.pt"
 #: report blocks until the previous one is taken: reporting every 25 ms step, a run of
 #: 40 tiny-BigLSTM steps took 118 s where one of 5 took 49 s (about 2 s a step).
 REPORT_INTERVAL_S = 2.0
+#: Steps between two runs of the host-speed probe (after the step's clock stops): 15
+#: probes in a 60-step trial, each about 0.6 ms beside a tiny BigLSTM step of 10-20 ms.
+#: The step after a probe, which takes some 5% longer (speed_probe.py), is left out of
+#: the medians.
+PROBE_EVERY = 4
 
 
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
@@ -142,6 +148,12 @@ class HybridWorker:
         self.last_report = time.monotonic()
         self.unreported: list[float] = []  # step times since the last report
         self.clock = StepClock(device_timer=device_timer(self.devices))
+        self.probe = SpeedProbe()
+        self.probes_s: list[float] = []  # every host-speed probe of this run
+        #: Whether the step under way follows a probe: timed, but left out of the medians
+        #: (measured step, projected time) like the warm-up.
+        self.after_probe = False
+        self.counted_s: list[float] = []  # the step times the medians count
 
     def train_step(self, step: int) -> dict[str, float]:
         """Step `step` (0-based): train, and return its metrics (`step_time_s`: the
@@ -150,7 +162,7 @@ class HybridWorker:
         cfg, world = self.cfg, self.world
         _maybe_fail(cfg, step, self.rank, self.marker_dir)
         clock = self.clock
-        clock.start()
+        clock.start(counted=not self.after_probe)
         batch = self.source.batch(step)
         clock.mark("data")
         self.optimizer.zero_grad(set_to_none=True)
@@ -182,16 +194,20 @@ class HybridWorker:
                               self.global_batch)
         self.history["losses"].append(float(scalars[0]))
         self.history["step_times_s"].append(step_time)
+        if not self.after_probe:
+            self.counted_s.append(step_time)
         self.unreported.append(step_time)
         median_step = statistics.median(self.unreported)
         metrics = {"step": step + 1, "loss": self.history["losses"][-1],
                    "step_time_s": median_step, "samples_per_s": self.global_batch / median_step,
                    **_projection(self.projection, self.noise, self.global_batch,
-                                 self.history["step_times_s"][WARMUP_STEPS:]
+                                 self.counted_s[WARMUP_STEPS:] or self.counted_s
                                  or self.history["step_times_s"]),
                    **clock.medians()}
         if self.timed_here is not None:
             metrics[TIMED_HERE] = self.timed_here
+        if self.probes_s:
+            metrics[PROBE] = statistics.median(self.probes_s)
         checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
         report_due = bool(scalars[2] > 0)
         if checkpoint_due:
@@ -205,6 +221,14 @@ class HybridWorker:
             self.unreported.clear()
         clock.mark("reporting")
         clock.finish()
+        self.after_probe = self.rank == 0 and (step + 1) % PROBE_EVERY == 0
+        if self.after_probe:
+            # Rank 0 alone, whose metrics are the trial's: two probes at once share the
+            # cache (an e2e run's dp 2 trials probed 0.72-0.83 ms against the driver's
+            # single 0.45-0.62). Outside the step's clock; the next step, which finds
+            # part of its data evicted (4.7% slower, speed_probe.py), is left out of the
+            # medians, and the other workers wait for the probe at its allreduce.
+            self.probes_s.append(self.probe())
         return metrics
 
     def time_here(self) -> None:
@@ -220,7 +244,9 @@ class HybridWorker:
         buffers = {name: b.clone() for name, b in self.model.named_buffers()}
         with torch.random.fork_rng(devices=[]):
             self.timed_here = time_in_worker(self.planned, self.sync, self.plan,
-                                             self.time_batches, world=self.world).to_dict()
+                                             self.time_batches, world=self.world,
+                                             probe=self.probe if self.rank == 0 else None
+                                             ).to_dict()
         with torch.no_grad():
             for name, b in self.model.named_buffers():
                 b.copy_(buffers[name])

@@ -52,6 +52,9 @@ class TimedStep:
     """Median cores the timed worker kept busy at each of `batches` (its process's CPU
     seconds per wall second of compute + allreduce + optimizer); None in timings saved
     before it was measured."""
+    probe_s: float | None = None
+    """Median seconds of the host-speed probe run after each round
+    (orchestrator/train/speed_probe.py); None where no probe ran."""
 
     def __post_init__(self) -> None:
         if not self.batches or not (len(self.batches) == len(self.compute_s)
@@ -92,7 +95,8 @@ class TimedStep:
                 "num_micro_batches": self.num_micro_batches, "batches": list(self.batches),
                 "compute_s": list(self.compute_s), "allreduce_s": list(self.allreduce_s),
                 "optimizer_s": self.optimizer_s, "rounds": self.rounds,
-                "cores_used": None if self.cores_used is None else list(self.cores_used)}
+                "cores_used": None if self.cores_used is None else list(self.cores_used),
+                "probe_s": self.probe_s}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimedStep:
@@ -100,14 +104,16 @@ class TimedStep:
                    num_micro_batches=d["num_micro_batches"], batches=tuple(d["batches"]),
                    compute_s=tuple(d["compute_s"]), allreduce_s=tuple(d["allreduce_s"]),
                    optimizer_s=d["optimizer_s"], rounds=d["rounds"],
-                   cores_used=None if d.get("cores_used") is None else tuple(d["cores_used"]))
+                   cores_used=None if d.get("cores_used") is None else tuple(d["cores_used"]),
+                   probe_s=d.get("probe_s"))
 
 
 def timed_step(mp_degree: int, dp_degree: int, num_micro_batches: int,
-               samples: Mapping[float, Sequence[tuple[float, float, float, float]]]) -> TimedStep:
+               samples: Mapping[float, Sequence[tuple[float, float, float, float]]],
+               probes_s: Sequence[float] = ()) -> TimedStep:
     """The TimedStep of `samples`: per worker batch, the (compute, allreduce, optimizer,
-    process CPU) seconds of each timed step. Medians, so that one step hit by another
-    process's burst does not move the figure."""
+    process CPU) seconds of each timed step, and the probes run between the rounds.
+    Medians, so that one step hit by another process's burst does not move the figure."""
     if not samples or len({len(s) for s in samples.values()}) != 1 or not min(
             len(s) for s in samples.values()):
         raise ValueError(f"samples of mp {mp_degree}: every batch needs the same number "
@@ -121,4 +127,5 @@ def timed_step(mp_degree: int, dp_degree: int, num_micro_batches: int,
         optimizer_s=statistics.median(o for b in batches for _, _, o, _ in samples[b]),
         rounds=len(samples[batches[0]]),
         cores_used=tuple(statistics.median(cpu / (c + a + o) for c, a, o, cpu in samples[b])
-                         for b in batches))
+                         for b in batches),
+        probe_s=statistics.median(probes_s) if probes_s else None)

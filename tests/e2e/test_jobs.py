@@ -212,6 +212,13 @@ def assert_every_mp_degree_ranked(winner: dict) -> None:
     # trials of its mp_degree ranked from that timing (sweep_rank.py).
     assert all(t["timed_here_step_s"] > 0 for t in trials), trials
     assert all("timed in" in t["correction_from"] for t in calibrated), calibrated
+    # The host-speed probe: the driver's right before it ranked each trial, the trial's
+    # between its steps and after its timing's rounds; and what a calibrated trial's
+    # earlier trials' level carried to the driver's probe predicted.
+    for t in trials:
+        assert all(1e-4 < t[k] < 0.05 for k in ("ranked_probe_s", "probe_s",
+                                                 "timed_here_probe_s")), t
+    assert all("host-speed probe" in t["at_speed_from"] for t in calibrated), calibrated
     for t in trials:
         assert t["step_source"] == TIMED, t
         assert t["measured_step_s"] > 0 and t["predicted_step_s"] > 0, t

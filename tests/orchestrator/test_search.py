@@ -95,3 +95,46 @@ def test_a_trials_own_timing_ranks_the_rest_of_its_mp_degree():
     assert third["ranked"]["base_step_s"] == pytest.approx(0.015)
     assert third["ranked"]["predicted_step_s"] == pytest.approx(0.012)
     assert third["ranked"]["predicted_time_s"] == pytest.approx(14.4)
+
+
+def test_the_driver_probes_the_host_before_each_ranking_and_records_the_level_carried_to_it():
+    from ray.tune.utils import flatten_dict
+
+    from orchestrator.sweep_trials import trial_record
+    from orchestrator.train.job import PROBE, TIMED_HERE
+    from placement.scaling.timed_step import TimedStep
+
+    own = TimedStep(mp_degree=1, dp_degree=2, num_micro_batches=1, batches=(16.0, 32.0),
+                    compute_s=(0.015, 0.025), allreduce_s=(0.0, 0.0), optimizer_s=0.0,
+                    rounds=5, probe_s=0.0011)
+    # The host as the driver's probe finds it before each ranking: 1 ms, 1 ms, then twice
+    # as slow as when mp1-b64 ran (its own probe between its steps: 1 ms).
+    probes = iter([0.001, 0.001, 0.002])
+    s = CorrectedSearcher(CANDIDATES, max_trials=3, metric="projected_time_s",
+                          probe=lambda: next(probes))
+    first = s.suggest("t1")
+    assert first["at_speed"]["probe_s"] == 0.001
+    assert first["at_speed"]["predicted_step_s"] == first["ranked"]["predicted_step_s"]
+    s.on_trial_complete("t1", flatten_dict({MEASURED: 0.02, TIMED_HERE: own.to_dict(),
+                                            PROBE: 0.001}))
+    assert s.measurements[0].probe_s == 0.001
+    s.suggest("t2")
+    s.on_trial_complete("t2", {MEASURED: 0.08})  # mp 2: ratio 8, shrunk to 3.3
+    third = s.suggest("t3")
+    assert Candidate.from_dict(third["candidate"]).key() == "mp1-b32"
+    # Ranked by mp1-b32's trial's own 15 ms at worker batch 16, times 20 / 25 measured
+    # against its own timing: 12 ms. Carried to the host's speed now, twice that.
+    assert third["ranked"]["predicted_step_s"] == pytest.approx(0.012)
+    assert third["at_speed"]["predicted_step_s"] == pytest.approx(0.024)
+    metrics = {MEASURED: 0.025, "projected_time_s": 99.0, "loss": 4.0, "step": 30,
+               PROBE: 0.0021, TIMED_HERE: own.to_dict()}
+    t = trial_record(third, metrics)
+    assert (t["ranked_probe_s"], t["probe_s"], t["timed_here_probe_s"]) == (
+        0.002, 0.0021, 0.0011)
+    assert t["at_speed_step_s"] == pytest.approx(0.024)
+    assert t["at_speed_error"] == pytest.approx(0.025 / 0.024 - 1)
+    assert t["error"] == pytest.approx(0.025 / 0.012 - 1)
+    assert "1.000 ms then, 2.000 now" in t["at_speed_from"]
+    assert "host-speed probe" not in t["correction_from"]
+    # The budget is spent: no ranking, so no probe (the fake has none left to give).
+    assert s.suggest("t4") == Searcher.FINISHED

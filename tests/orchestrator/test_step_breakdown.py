@@ -64,6 +64,29 @@ def test_medians_leave_out_the_warm_up_and_name_each_part():
     assert set(MODELLED) <= set(PARTS)
 
 
+def test_a_step_not_counted_is_timed_but_left_out_of_the_medians():
+    # Three steps of compute 0.1 s, then one of 0.4 s started as not counted (the
+    # worker's step right after a host-speed probe), then one more of 0.1 s.
+    computes = [0.1, 0.1, 0.1, 0.4, 0.1]
+    clock = FakeClock([x for c in computes for x in (0, 0.01, c, 0.0, 0.01, 0.0, 0.0)])
+    cpu = FakeClock([0, 0.11] * 3 + [0, 0.84] + [0, 0.11])
+    steps = StepClock(clock, cpu_clock=cpu)
+    parts = []
+    for i in range(len(computes)):
+        steps.start(counted=i != 3)
+        for part in ("data", "compute", "allreduce", "optimizer", "idle", "reporting"):
+            steps.mark(part)
+        parts.append(steps.finish())
+    assert parts[3]["compute"] == pytest.approx(0.4)  # timed all the same
+    assert len(steps.steps) == len(steps.cores) == 4
+    medians = steps.medians()
+    # The counted steps after the warm-up: 0.11 s at one core each; the one left out
+    # took 0.42 s at two.
+    assert medians["measured_step_s"] == pytest.approx(0.11)
+    assert max(steps.cores) == pytest.approx(1.0)
+    assert medians["time_compute_s"] == pytest.approx(0.1)
+
+
 class LaggingDevice:
     """A device timer whose device finishes each part `lag_s[part]` seconds after the
     host's mark (a GPU the host has run ahead of), on the host's own clock."""

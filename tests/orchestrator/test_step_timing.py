@@ -38,14 +38,20 @@ def test_a_plans_step_is_timed_at_every_batch_and_grows_with_it(biglstm_plan):
     assert 0 < t.optimizer_s < t.compute_s[0]
     # Two device threads and the one that drives them: busy cores of a real step.
     assert all(0 < c <= 3 for c in t.cores_used), t.cores_used
+    # The host-speed probe ran between the rounds: real work, about a millisecond.
+    assert 1e-4 < t.probe_s < 0.05, t.probe_s
 
 
 def test_the_rounds_stop_at_the_budget_and_the_parts_are_cut_like_the_workers():
     # A clock 10 s on at every read: each part of a step takes one read, 10 s, and
     # the budget is spent after the first round, so MIN_ROUNDS are timed.
     ticks = itertools.count(0.0, 10.0)
-    t = time_plan(USER_MLP, "tiny", _one_device_plan(), [4, 8], clock=lambda: next(ticks))
+    # The host-speed probe once after each round, outside the steps' clock: its median.
+    probes = iter([0.003, 0.001, 0.002, 0.009])
+    t = time_plan(USER_MLP, "tiny", _one_device_plan(), [4, 8], clock=lambda: next(ticks),
+                  probe=lambda: next(probes))
     assert t.rounds == MIN_ROUNDS
+    assert t.probe_s == 0.002 and next(probes) == 0.009
     assert t.compute_s == (10.0, 10.0) and t.allreduce_s == (10.0, 10.0)
     assert t.optimizer_s == 10.0
 
@@ -58,6 +64,7 @@ def test_two_workers_are_timed_side_by_side_their_allreduce_included(biglstm_pla
     alone = time_plan("biglstm", "tiny", biglstm_plan, [4, 8])
     pair = time_plan("biglstm", "tiny", biglstm_plan, [4, 8], dp_degree=2)
     assert (pair.dp_degree, pair.batches) == (2, (4, 8))
+    assert 1e-4 < pair.probe_s < 0.05, pair.probe_s  # rank 0's probes, from its process
     assert MIN_ROUNDS <= pair.rounds <= step_timing.MAX_ROUNDS
     assert max(alone.allreduce_s) < 1e-4
     assert min(pair.allreduce_s) > 2e-4

@@ -2,6 +2,7 @@
 plan's execution and the micro-batching leave the training trajectory unchanged."""
 
 import dataclasses
+import statistics
 import time
 
 import numpy as np
@@ -152,7 +153,8 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
     would have without the timing."""
     import ray.train
 
-    from orchestrator.train.job import TIMED_HERE
+    from orchestrator.train.job import PROBE, TIMED_HERE
+    from orchestrator.train.worker import PROBE_EVERY
     from placement.scaling.timed_step import TimedStep
 
     reports = []
@@ -163,7 +165,7 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
         real_report(metrics, checkpoint=checkpoint)
 
     monkeypatch.setattr(ray.train, "report", spy)
-    cfg = TrainConfig(model="biglstm", steps=4, global_batch=8, mp_degree=2)
+    cfg = TrainConfig(model="biglstm", steps=PROBE_EVERY + 1, global_batch=8, mp_degree=2)
     plan = split_plan(cfg)
     plain = run_local(cfg, tmp_path, plan=plan)
     assert all(TIMED_HERE not in m for m in reports)
@@ -173,6 +175,16 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
     own = TimedStep.from_dict(reports[-1][TIMED_HERE])
     assert (own.mp_degree, own.dp_degree, own.batches) == (2, 1, (4, 8))
     assert own.step_s(8) > 0
+    # The host-speed probe after the timing's rounds and between the steps (every
+    # PROBE_EVERY-th, outside the step's clock): real work, about a millisecond.
+    assert 1e-4 < own.probe_s < 0.05, own.probe_s
+    assert 1e-4 < reports[-1][PROBE] < 0.05, reports[-1]
+    assert all(PROBE not in m for m in reports if m["step"] <= PROBE_EVERY)
+    # The step right after the probe is timed but not measured: the median of the
+    # steps between the warm-up and the probe.
+    assert len(timed["step_times_s"]) == PROBE_EVERY + 1
+    assert reports[-1]["measured_step_s"] == pytest.approx(
+        statistics.median(timed["step_times_s"][1:PROBE_EVERY]))
     assert timed["losses"] == plain["losses"]
     for name, value in plain["final_params"].items():
         np.testing.assert_array_equal(timed["final_params"][name], value)

@@ -179,3 +179,41 @@ def test_a_trials_measured_step_is_carried_to_another_batch_by_its_own_timing():
                                          worker_batch=64.0)])
     assert fitted.step_s(2, 0.0153, 64.0) == pytest.approx(0.0176)
     assert fitted.step_s(2, 0.0153, 32.0) == pytest.approx(0.0176 * 11.7 / 14.7)
+
+
+def test_a_trials_level_is_carried_from_the_hosts_speed_then_to_its_speed_now():
+    # Two mp 2 trials measured 15 and 14 ms against their own timings' 20 and 14 ms
+    # (ratios 0.75 and 1) while the host-speed probe took 1.5 and 1.0 ms between their
+    # steps. The driver's probe takes 1.2 ms right before it ranks: each ratio is carried
+    # to that speed, 0.75 x 1.2 / 1.5 = 0.6 and 1 x 1.2 = 1.2, median 0.9.
+    first = timing(2, 4, (8.0, 16.0), (0.010, 0.018))
+    second = timing(2, 4, (8.0, 16.0), (0.012, 0.022))
+    trials = [Measurement(mp_degree=2, predicted_step_s=0.010, measured_step_s=0.015,
+                          retimed=first, worker_batch=16.0, probe_s=0.0015),
+              Measurement(mp_degree=2, predicted_step_s=0.010, measured_step_s=0.014,
+                          retimed=second, worker_batch=8.0, probe_s=0.0010)]
+    fitted = fit_correction(trials, probe_s=0.0012)
+    assert fitted.ratio(2) == pytest.approx(0.9)
+    assert fitted.step_s(2, 0.5, 16.0) == pytest.approx(0.022 * 0.9)
+    assert fitted.trial_probe_s == {2: pytest.approx(0.00125)}
+    assert fitted.source(2) == ("2 mp 2 trials, timed in their workers, host-speed probe "
+                                "1.250 ms then, 1.200 now")
+    assert Correction.from_dict(fitted.to_dict()) == fitted
+    # A host twice as slow now as when the one trial ran: twice its step.
+    one = fit_correction(trials[:1], probe_s=0.003)
+    assert one.step_s(2, 0.5, 16.0) == pytest.approx(2 * 0.015)
+    # Without the driver's probe, or with a trial that probed nothing, the level is the
+    # trials' as measured, whatever the speed.
+    assert fit_correction(trials).ratio(2) == pytest.approx(0.875)
+    unprobed = [trials[0], Measurement(mp_degree=2, predicted_step_s=0.010,
+                                       measured_step_s=0.014, retimed=second,
+                                       worker_batch=8.0)]
+    assert fit_correction(unprobed, probe_s=0.0012).ratio(2) == pytest.approx(0.875)
+    assert fit_correction(unprobed, probe_s=0.0012).trial_probe_s == {}
+    # An mp_degree ranked against its uncorrected step is not carried: its ratio is
+    # shrunk against another process's timing (the module's docstring).
+    plain = fit_correction([Measurement(mp_degree=1, predicted_step_s=0.01,
+                                        measured_step_s=0.02, probe_s=0.002)], probe_s=0.001)
+    assert plain.ratio(1) == pytest.approx(1 + 1 / 3)
+    with pytest.raises(ValueError, match="probe_s"):
+        Measurement(mp_degree=2, predicted_step_s=0.01, measured_step_s=0.01, probe_s=0.0)
