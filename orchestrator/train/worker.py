@@ -148,7 +148,10 @@ class HybridWorker:
         self.last_report = time.monotonic()
         self.unreported: list[float] = []  # step times since the last report
         self.clock = StepClock(device_timer=device_timer(self.devices))
-        self.probe = SpeedProbe()
+        # Only a sweep trial (one that times itself) probes the host: its probes explain
+        # its measured step against the prediction that ranked it. A final or user run
+        # pays neither the buffers nor the pause every PROBE_EVERY steps.
+        self.probe = SpeedProbe() if self.time_batches else None
         self.probes_s: list[float] = []  # every host-speed probe of this run
         #: Whether the step under way follows a probe: timed, but left out of the medians
         #: (measured step, projected time) like the warm-up.
@@ -221,7 +224,8 @@ class HybridWorker:
             self.unreported.clear()
         clock.mark("reporting")
         clock.finish()
-        self.after_probe = self.rank == 0 and (step + 1) % PROBE_EVERY == 0
+        self.after_probe = (self.probe is not None and self.rank == 0
+                            and (step + 1) % PROBE_EVERY == 0)
         if self.after_probe:
             # Rank 0 alone, whose metrics are the trial's: two probes at once share the
             # cache (an e2e run's dp 2 trials probed 0.72-0.83 ms against the driver's

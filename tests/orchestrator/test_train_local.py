@@ -169,6 +169,8 @@ def test_a_trial_times_its_step_first_and_trains_as_without(monkeypatch, tmp_pat
     plan = split_plan(cfg)
     plain = run_local(cfg, tmp_path, plan=plan)
     assert all(TIMED_HERE not in m for m in reports)
+    # A run that does not time itself (a final or user run) never pauses to probe.
+    assert all(PROBE not in m for m in reports)
     reports.clear()
     timed = run_local_job(WorkerJob(train=cfg, plan=plan, time_batches=(4.0, 8.0)), tmp_path)
     assert reports and all(TIMED_HERE in m for m in reports)
