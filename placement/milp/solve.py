@@ -20,8 +20,8 @@ from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
-from placement.sequences import joined_sequences
 from placement.sequence_dp import relaxed_bound, sequence_dp
+from placement.sequences import joined_sequences
 from placement.milp.incumbent import (
     Incumbent,
     believable,
