@@ -93,6 +93,7 @@ def test_partial_integrality_bounds_rise_with_it_and_stay_below_the_optimum(case
 def test_the_partial_rounds_keep_the_bound_valid(seed, monkeypatch):
     # One integral group first, then two, then the full model from their floor.
     monkeypatch.setattr(pipeline_bound, "FIRST_INTEGRAL", 1)
+    monkeypatch.setattr(pipeline_bound, "PARTIAL_MIN_GROUPS", 1)
     k = 3
     p = problem(training_dag(seed, 5), k, "makespan", num_micro_batches=2)
     assert relaxation_bound(p) <= search_step_time(p.tg, k) * (1 + 1e-6)
