@@ -108,8 +108,11 @@ BLOCK_SHARE = 0.2
 #: Share of the time left that the block decomposition (`decompose_round`) may use: on
 #: the layered DAGs of 500 and 1,000 ops its parts (with kicks) reached 2,851 and 5,910
 #: in 57 s and 5,950 (1,000 ops) in 36 s, where the whole graph's search had reached
-#: 3,042 and 6,297 in 60 s; the whole graph's search after it gains little there.
-DECOMPOSE_SHARE = 0.5
+#: 3,042 and 6,297 in 60 s. The whole graph's search after it gained 0.0-0.3% there in
+#: a minute (its moves cost a simulation of the whole graph), so the parts take most of
+#: the time: with 0.8 instead of 0.5 the 1,000-op plan went from 5,898 to 5,786. Parts
+#: that run out of starts hand their time back.
+DECOMPOSE_SHARE = 0.8
 #: Share of the time left that the order search on the best placement
 #: (`placement.refine.order_search`) may use before the order MILP: on GNMT's paper
 #: preset on two V100s it took the plan from 373.2 to 364.1 ms, where the order MILP
@@ -576,24 +579,19 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
     until = time.perf_counter() + DECOMPOSE_SHARE * max(0.0, deadline - time.perf_counter())
     rng = np.random.default_rng(0)
 
-    def place_part(part: TaskGraph, part_until: float) -> np.ndarray:
-        # Memory is checked on the assembled placement: a part's share is unknown.
-        zero = np.zeros(part.num_groups)
-        gd = heuristics.heft(part, k, zero, 1.0)
-        while time.perf_counter() < part_until:
-            before = _score(part, gd, k, 0.0, True)[0]
-            gd, _ = chain_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
-                                 num_devices=k, group_memory=zero, memory_cap=1.0,
-                                 deadline=part_until)
-            gd, value = local_search(gd, lambda g: _score(part, g, k, 0.0, True),
-                                     num_devices=k, group_memory=zero, memory_cap=1.0,
-                                     deadline=part_until)
-            if value >= before:
+    def place_part(part: TaskGraph, part_until: float, starts: list[np.ndarray]
+                   ) -> np.ndarray:
+        # Each start is searched until its kicks stop paying (the search's local
+        # optimum), then the next; the best wins.
+        scored = sorted(((_score(part, g, k, 0.0, True)[0], i) for i, g in enumerate(starts)))
+        best, best_value = starts[scored[0][1]], scored[0][0]
+        for _, i in scored:
+            if time.perf_counter() >= part_until:
                 break
-        gd, _ = kicked_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
-                              num_devices=k, group_memory=zero, memory_cap=1.0,
-                              deadline=part_until, rng=rng)
-        return gd
+            gd, value = _search_part(part, k, starts[i], part_until, rng)
+            if value < best_value:
+                best, best_value = gd, value
+        return best
 
     gd = decomposed_placement(tg, k, until, place_part)
     if gd is None:
@@ -606,6 +604,26 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
     schedule = _schedule(tg, gd, k, 0.0, True)
     incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
                     [list(ts) for ts in schedule.order])
+
+
+def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
+                 rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """A part's placement from `gd` by chain moves, single moves and kicks under the
+    part's own justified schedule, and its step time. Memory is checked on the
+    assembled placement: a part's share of it is unknown."""
+    zero = np.zeros(part.num_groups)
+    while time.perf_counter() < until:
+        before = _score(part, gd, k, 0.0, True)[0]
+        gd, _ = chain_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
+                             num_devices=k, group_memory=zero, memory_cap=1.0,
+                             deadline=until)
+        gd, value = local_search(gd, lambda g: _score(part, g, k, 0.0, True),
+                                 num_devices=k, group_memory=zero, memory_cap=1.0,
+                                 deadline=until)
+        if value >= before:
+            break
+    return kicked_search(gd, lambda g: _chain_score(part, g, k, 0.0, True), num_devices=k,
+                         group_memory=zero, memory_cap=1.0, deadline=until, rng=rng)
 
 
 def _relaxation_round(problem: Problem, backend: Backend, incumbent: Incumbent,
