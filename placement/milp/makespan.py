@@ -63,8 +63,8 @@ from placement.milp.incumbent import (
 )
 from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
 from placement.milp.pipeline_bound import solve_relaxation
-from placement.refine import (Leaders, chain_search, justified, kicked_search, local_search,
-                              order_search)
+from placement.refine import (Leaders, chain_search, chain_sweep, justified, kicked_search,
+                              local_search, order_search)
 from placement.simulate import (
     OrderError,
     Schedule,
@@ -571,9 +571,10 @@ def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justif
 
 def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
     """Offer the placement assembled from the parts between articulation tasks
-    (`placement.milp.decompose`), each part placed by HEFT, local search and kicks
-    under its own simulation, within DECOMPOSE_SHARE of the time left; one micro-batch
-    only (with several no task is an articulation task)."""
+    (`placement.milp.decompose`), each part placed from its HEFT starts
+    (`block_starts`) by chain sweeps and kicks under its own simulation, within
+    DECOMPOSE_SHARE of the time left; one micro-batch only (with several no task is an
+    articulation task)."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
     until = time.perf_counter() + DECOMPOSE_SHARE * max(0.0, deadline - time.perf_counter())
@@ -608,22 +609,19 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
 
 def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
                  rng: np.random.Generator) -> tuple[np.ndarray, float]:
-    """A part's placement from `gd` by chain moves, single moves and kicks under the
-    part's own justified schedule, and its step time. Memory is checked on the
-    assembled placement: a part's share of it is unknown."""
+    """A part's placement from `gd` by chain sweeps (`placement.refine.chain_sweep`)
+    and kicks under the part's own justified schedule, and its step time (the full
+    neighbourhood of `local_search` gained nothing more on the layered DAGs' parts in
+    the same time). Memory is checked on the assembled placement: a part's share of it
+    is unknown."""
     zero = np.zeros(part.num_groups)
-    while time.perf_counter() < until:
-        before = _score(part, gd, k, 0.0, True)[0]
-        gd, _ = chain_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
-                             num_devices=k, group_memory=zero, memory_cap=1.0,
-                             deadline=until)
-        gd, value = local_search(gd, lambda g: _score(part, g, k, 0.0, True),
-                                 num_devices=k, group_memory=zero, memory_cap=1.0,
-                                 deadline=until)
-        if value >= before:
-            break
-    return kicked_search(gd, lambda g: _chain_score(part, g, k, 0.0, True), num_devices=k,
-                         group_memory=zero, memory_cap=1.0, deadline=until, rng=rng)
+
+    def chain_score(g: np.ndarray):
+        return _chain_score(part, g, k, 0.0, True)
+
+    gd, _, _ = chain_sweep(gd, chain_score(gd), chain_score, k, zero, 1.0, until)
+    return kicked_search(gd, chain_score, num_devices=k, group_memory=zero, memory_cap=1.0,
+                         deadline=until, rng=rng, descent=chain_sweep)
 
 
 def _relaxation_round(problem: Problem, backend: Backend, incumbent: Incumbent,
