@@ -141,21 +141,31 @@ def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devi
     while improved and time.perf_counter() <= deadline:
         improved = False
         for g in chain:
-            old = int(best[g])
-            for d in range(num_devices):
-                if d == old or used[d] + group_memory[g] > memory_cap:
-                    continue
-                best[g] = d
-                new_key, new_chain = score(best)
-                if new_key < key:
-                    used[old] -= group_memory[g]
-                    used[d] += group_memory[g]
-                    key, chain, improved = new_key, new_chain, True
-                    break
-                best[g] = old
+            found = _move_group(best, g, key, score, used, group_memory, memory_cap)
+            if found is not None:
+                key, chain = found
+                improved = True
             if improved or time.perf_counter() > deadline:
                 break
     return best, key, chain
+
+
+def _move_group(best: np.ndarray, g: int, key, score: ChainScore, used: np.ndarray,
+                group_memory: np.ndarray, memory_cap: float):
+    """Move group g to the first device where the key falls, in place (`best` and
+    `used`), and return (new key, new chain); None, `best` unchanged, when none."""
+    old = int(best[g])
+    for d in range(len(used)):
+        if d == old or used[d] + group_memory[g] > memory_cap:
+            continue
+        best[g] = d
+        new_key, new_chain = score(best)
+        if new_key < key:
+            used[old] -= group_memory[g]
+            used[d] += group_memory[g]
+            return new_key, new_chain
+        best[g] = old
+    return None
 
 
 def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices: int,
@@ -172,20 +182,9 @@ def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices
     at, misses = 0, 0
     while chain and misses < len(chain) and time.perf_counter() <= deadline:
         g = chain[at % len(chain)]
-        old = int(best[g])
-        moved = False
-        for d in range(num_devices):
-            if d == old or used[d] + group_memory[g] > memory_cap:
-                continue
-            best[g] = d
-            new_key, new_chain = score(best)
-            if new_key < key:
-                used[old] -= group_memory[g]
-                used[d] += group_memory[g]
-                key, chain, moved = new_key, new_chain, True
-                break
-            best[g] = old
-        if moved:
+        found = _move_group(best, g, key, score, used, group_memory, memory_cap)
+        if found is not None:
+            key, chain = found
             misses = 0
             at = chain.index(g) + 1 if g in chain else at
         else:
