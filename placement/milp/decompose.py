@@ -100,6 +100,16 @@ def decomposed_placement(tg: TaskGraph, num_devices: int, deadline: float,
     return group_device
 
 
+def largest_part(tg: TaskGraph) -> int:
+    """Tasks in the largest part (all of them when the graph has fewer than MIN_BLOCKS
+    blocks)."""
+    block_tasks = blocks(tg)
+    if len(block_tasks) < MIN_BLOCKS:
+        return tg.num_tasks
+    return max(len({t for i in part for t in block_tasks[i]})
+               for part in parts_of(tg, block_tasks))
+
+
 def part_weight(sub: TaskGraph) -> float:
     """A part's claim on the search's time: a move's simulation costs time in its task
     count, and a round of moves needs a number of simulations in it too. By task count

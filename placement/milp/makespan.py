@@ -51,7 +51,7 @@ from placement import heuristics
 from placement.coarsen import chain_clusters, contract, interval_clusters
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.block_bound import BlockBound, block_bound
-from placement.milp.decompose import decomposed_placement
+from placement.milp.decompose import decomposed_placement, largest_part
 from placement.milp.energy_relaxation import solve_energy_relaxation
 from placement.milp.incumbent import (
     Incumbent,
@@ -111,8 +111,15 @@ BLOCK_SHARE = 0.2
 #: 3,042 and 6,297 in 60 s. The whole graph's search after it gained 0.0-0.3% there in
 #: a minute (its moves cost a simulation of the whole graph), so the parts take most of
 #: the time: with 0.8 instead of 0.5 the 1,000-op plan went from 5,898 to 5,786. Parts
-#: that run out of starts hand their time back.
+#: that run out of starts hand their time back. Where one part holds at least
+#: ONE_PART of the tasks (GNMT's paper preset: one part, its forward and backward passes,
+#: holds them all; the layered DAGs' largest 17-55%, Inception-V3's 34%) the parts'
+#: search is the whole graph's, and the order search of the runners-up after it found
+#: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
+#: 363.0): ONE_PART_SHARE.
 DECOMPOSE_SHARE = 0.8
+ONE_PART = 0.75
+ONE_PART_SHARE = 0.5
 #: Share of the time left that the order search on the best placement
 #: (`placement.refine.order_search`) may use before the order MILP: on GNMT's paper
 #: preset on two V100s it took the plan from 373.2 to 364.1 ms, where the order MILP
@@ -573,11 +580,13 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
     """Offer the placement assembled from the parts between articulation tasks
     (`placement.milp.decompose`), each part placed from its HEFT starts
     (`block_starts`) by chain sweeps and kicks under its own simulation, within
-    DECOMPOSE_SHARE of the time left; one micro-batch only (with several no task is an
-    articulation task)."""
+    DECOMPOSE_SHARE of the time left (ONE_PART_SHARE where one part is nearly the whole
+    graph); one micro-batch only (with several no task is an articulation task)."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
-    until = time.perf_counter() + DECOMPOSE_SHARE * max(0.0, deadline - time.perf_counter())
+    share = (ONE_PART_SHARE if largest_part(tg) >= ONE_PART * tg.num_tasks
+             else DECOMPOSE_SHARE)
+    until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     rng = np.random.default_rng(0)
 
     def place_part(part: TaskGraph, part_until: float, starts: list[np.ndarray]

@@ -17,6 +17,7 @@ from placement.milp.decompose import (
     block_starts,
     chained_graph,
     decomposed_placement,
+    largest_part,
     parts_of,
 )
 from tests.placement.milp_cases import placements, problem, search_step_time
@@ -84,6 +85,18 @@ def test_block_starts_hold_the_heft_placement_of_each_block(seed):
             groups = list(dict.fromkeys(sub.group[local].tolist()))
             own = heuristics.heft(block, k, np.zeros(block.num_groups), 1.0)
             assert any(np.array_equal(gd[groups], own) for gd in starts)
+
+
+def test_largest_part_counts_a_forward_backward_pair_or_the_whole_graph():
+    tg = problem(modules(1, 3, training=True), 2, "makespan").tg
+    block_tasks = blocks(tg)
+    pairs = [len(set(block_tasks[a]) | set(block_tasks[b])) for a, b in
+             ([1, 7], [2, 6], [3, 5])]
+    assert largest_part(tg) == max(pairs) < tg.num_tasks
+    # One module: its forward and backward blocks (each with the articulation tasks at
+    # its ends) hold every task of the graph between them.
+    one = problem(modules(1, 1, training=True), 2, "makespan").tg
+    assert largest_part(one) == one.num_tasks
 
 
 def test_relabel_agrees_with_placed_groups_or_says_none():
