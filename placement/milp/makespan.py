@@ -113,7 +113,7 @@ BLOCK_SHARE = 0.2
 #: the time: with 0.8 instead of 0.5 the 1,000-op plan went from 5,898 to 5,786. Parts
 #: that run out of starts hand their time back. Where one part holds at least
 #: ONE_PART of the tasks (GNMT's paper preset: one part, its forward and backward passes,
-#: holds them all; the layered DAGs' largest 17-55%, Inception-V3's 34%) the parts'
+#: holds them all; the layered DAGs' largest 20-55%, Inception-V3's 34%) the parts'
 #: search is the whole graph's, and the order search of the runners-up after it found
 #: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
 #: 363.0): ONE_PART_SHARE.
