@@ -51,7 +51,7 @@ from placement import heuristics
 from placement.coarsen import chain_clusters, contract, interval_clusters
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.block_bound import BlockBound, block_bound
-from placement.milp.decompose import decomposed_placement
+from placement.milp.decompose import decomposed_placement, largest_part
 from placement.milp.energy_relaxation import solve_energy_relaxation
 from placement.milp.incumbent import (
     Incumbent,
@@ -63,8 +63,8 @@ from placement.milp.incumbent import (
 )
 from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, unit_devices
 from placement.milp.pipeline_bound import solve_relaxation
-from placement.refine import (Leaders, chain_search, justified, kicked_search, local_search,
-                              order_search)
+from placement.refine import (Leaders, chain_search, chain_sweep, justified, kicked_search,
+                              local_search, order_search)
 from placement.simulate import (
     OrderError,
     Schedule,
@@ -111,8 +111,18 @@ BLOCK_SHARE = 0.2
 #: Share of the time left that the block decomposition (`decompose_round`) may use: on
 #: the layered DAGs of 500 and 1,000 ops its parts (with kicks) reached 2,851 and 5,910
 #: in 57 s and 5,950 (1,000 ops) in 36 s, where the whole graph's search had reached
-#: 3,042 and 6,297 in 60 s; the whole graph's search after it gains little there.
-DECOMPOSE_SHARE = 0.5
+#: 3,042 and 6,297 in 60 s. The whole graph's search after it gained 0.0-0.3% there in
+#: a minute (its moves cost a simulation of the whole graph), so the parts take most of
+#: the time: with 0.8 instead of 0.5 the 1,000-op plan went from 5,898 to 5,786. Parts
+#: that run out of starts hand their time back. Where one part holds at least
+#: ONE_PART of the tasks (GNMT's paper preset: one part, its forward and backward passes,
+#: holds them all; the layered DAGs' largest 20-55%, Inception-V3's 34%) the parts'
+#: search is the whole graph's, and the order search of the runners-up after it found
+#: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
+#: 363.0): ONE_PART_SHARE.
+DECOMPOSE_SHARE = 0.8
+ONE_PART = 0.75
+ONE_PART_SHARE = 0.5
 #: Share of the time left that the order search on the best placement
 #: (`placement.refine.order_search`) may use before the order MILP: on GNMT's paper
 #: preset on two V100s it took the plan from 373.2 to 364.1 ms, where the order MILP
@@ -571,32 +581,30 @@ def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justif
 
 def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
     """Offer the placement assembled from the parts between articulation tasks
-    (`placement.milp.decompose`), each part placed by HEFT, local search and kicks
-    under its own simulation, within DECOMPOSE_SHARE of the time left; one micro-batch
-    only (with several no task is an articulation task)."""
+    (`placement.milp.decompose`), each part placed from its HEFT starts
+    (`block_starts`) by chain sweeps and kicks under its own simulation, within
+    DECOMPOSE_SHARE of the time left (ONE_PART_SHARE where one part is nearly the whole
+    graph); one micro-batch only (with several no task is an articulation task)."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
-    until = time.perf_counter() + DECOMPOSE_SHARE * max(0.0, deadline - time.perf_counter())
+    share = (ONE_PART_SHARE if largest_part(tg) >= ONE_PART * tg.num_tasks
+             else DECOMPOSE_SHARE)
+    until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     rng = np.random.default_rng(0)
 
-    def place_part(part: TaskGraph, part_until: float) -> np.ndarray:
-        # Memory is checked on the assembled placement: a part's share is unknown.
-        zero = np.zeros(part.num_groups)
-        gd = heuristics.heft(part, k, zero, 1.0)
-        while time.perf_counter() < part_until:
-            before = _score(part, gd, k, 0.0, True)[0]
-            gd, _ = chain_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
-                                 num_devices=k, group_memory=zero, memory_cap=1.0,
-                                 deadline=part_until)
-            gd, value = local_search(gd, lambda g: _score(part, g, k, 0.0, True),
-                                     num_devices=k, group_memory=zero, memory_cap=1.0,
-                                     deadline=part_until)
-            if value >= before:
+    def place_part(part: TaskGraph, part_until: float, starts: list[np.ndarray]
+                   ) -> np.ndarray:
+        # Each start is searched until its kicks stop paying (the search's local
+        # optimum), then the next; the best wins.
+        scored = sorted(((_score(part, g, k, 0.0, True)[0], i) for i, g in enumerate(starts)))
+        best, best_value = starts[scored[0][1]], scored[0][0]
+        for _, i in scored:
+            if time.perf_counter() >= part_until:
                 break
-        gd, _ = kicked_search(gd, lambda g: _chain_score(part, g, k, 0.0, True),
-                              num_devices=k, group_memory=zero, memory_cap=1.0,
-                              deadline=part_until, rng=rng)
-        return gd
+            gd, value = _search_part(part, k, starts[i], part_until, rng)
+            if value < best_value:
+                best, best_value = gd, value
+        return best
 
     gd = decomposed_placement(tg, k, until, place_part)
     if gd is None:
@@ -609,6 +617,23 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
     schedule = _schedule(tg, gd, k, 0.0, True)
     incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
                     [list(ts) for ts in schedule.order])
+
+
+def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
+                 rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """A part's placement from `gd` by chain sweeps (`placement.refine.chain_sweep`)
+    and kicks under the part's own justified schedule, and its step time (the full
+    neighbourhood of `local_search` gained nothing more on the layered DAGs' parts in
+    the same time). Memory is checked on the assembled placement: a part's share of it
+    is unknown."""
+    zero = np.zeros(part.num_groups)
+
+    def chain_score(g: np.ndarray):
+        return _chain_score(part, g, k, 0.0, True)
+
+    gd, _, _ = chain_sweep(gd, chain_score(gd), chain_score, k, zero, 1.0, until)
+    return kicked_search(gd, chain_score, num_devices=k, group_memory=zero, memory_cap=1.0,
+                         deadline=until, rng=rng, descent=chain_sweep)
 
 
 def _relaxation_round(problem: Problem, backend: Backend, incumbent: Incumbent,

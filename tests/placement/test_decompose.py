@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 from placement.milp.block_bound import blocks
-from placement.milp.decompose import _relabel, chained_graph, decomposed_placement, parts_of
+from placement import heuristics
+from placement.milp.block_bound import sub_graph
+from placement.milp.decompose import (
+    _relabel,
+    block_starts,
+    chained_graph,
+    decomposed_placement,
+    largest_part,
+    parts_of,
+)
 from tests.placement.milp_cases import placements, problem, search_step_time
 from tests.placement.test_block_bound import modules
 
@@ -50,9 +59,44 @@ def test_optimal_parts_give_an_optimal_plan(seed):
     k = 2
     tg = problem(modules(seed, 2, training=True), k, "makespan").tg
     gd = decomposed_placement(tg, k, time.perf_counter() + 60,
-                              lambda part, until: best_placement(part, k))
+                              lambda part, until, starts: best_placement(part, k))
     assert gd is not None
     assert optimum_of(tg, k, gd) == pytest.approx(search_step_time(tg, k))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_starts_hold_the_heft_placement_of_each_block(seed):
+    k = 3
+    tg = problem(modules(seed, 3, training=True), k, "makespan").tg
+    block_tasks = blocks(tg)
+    for part in (p for p in parts_of(tg, block_tasks) if len(p) > 1):
+        sub, tasks = chained_graph(tg, block_tasks, part)
+        starts = block_starts(sub, tasks, [block_tasks[i] for i in part], k)
+        whole = heuristics.heft(sub, k, np.zeros(sub.num_groups), 1.0)
+        assert np.array_equal(starts[0], whole)
+        assert all(((gd >= 0) & (gd < k)).all() and len(gd) == sub.num_groups
+                   for gd in starts)
+        assert len({gd.tobytes() for gd in starts}) == len(starts)
+        # Each block's own HEFT placement is among the starts, lifted to the part.
+        index = {t: i for i, t in enumerate(tasks)}
+        for i in part:
+            local = [index[t] for t in block_tasks[i]]
+            block = sub_graph(sub, local)
+            groups = list(dict.fromkeys(sub.group[local].tolist()))
+            own = heuristics.heft(block, k, np.zeros(block.num_groups), 1.0)
+            assert any(np.array_equal(gd[groups], own) for gd in starts)
+
+
+def test_largest_part_counts_a_forward_backward_pair_or_the_whole_graph():
+    tg = problem(modules(1, 3, training=True), 2, "makespan").tg
+    block_tasks = blocks(tg)
+    pairs = [len(set(block_tasks[a]) | set(block_tasks[b])) for a, b in
+             ([1, 7], [2, 6], [3, 5])]
+    assert largest_part(tg) == max(pairs) < tg.num_tasks
+    # One module: its forward and backward blocks (each with the articulation tasks at
+    # its ends) hold every task of the graph between them.
+    one = problem(modules(1, 1, training=True), 2, "makespan").tg
+    assert largest_part(one) == one.num_tasks
 
 
 def test_relabel_agrees_with_placed_groups_or_says_none():

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placement.graph import Edge, Op, OpGraph
-from placement.refine import chain_search, justified, kicked_search, order_search
+from placement.refine import chain_search, chain_sweep, justified, kicked_search, order_search
 from placement.simulate import critical_chain, evaluate_order, list_schedule
 from tests.placement.helpers import dag
 from tests.placement.milp_cases import topological_orders
@@ -77,6 +77,40 @@ def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, rnd):
     assert value <= list_schedule(tg, start, k).step_time_s
 
 
+def test_chain_sweep_splits_two_independent_chains():
+    g = dag([1.0] * 6, [(0, 1), (1, 2), (3, 4), (4, 5)], cost=0.0)
+    tg = tasks(g, training=False)
+    start = np.zeros(tg.num_groups, dtype=np.int64)
+    score = chain_score(tg, 2)
+    gd, key, _ = chain_sweep(start, score(start), score, 2, np.zeros(tg.num_groups), 1.0,
+                             time.perf_counter() + 10)
+    assert key[0] == 3.0 == list_schedule(tg, gd, 2).step_time_s
+    assert start.tolist() == [0] * 6, "the start placement is not changed in place"
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_dags(), st.integers(2, 3), st.randoms())
+def test_chain_sweep_keeps_memory_caps_never_loses_and_ends_where_no_chain_move_helps(
+        graph, k, rnd):
+    tg = tasks(graph)
+    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
+    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    score = chain_score(tg, k)
+    gd, key, chain = chain_sweep(start, score(start), score, k, memory, cap,
+                                 time.perf_counter() + 10)
+    used = np.bincount(gd, weights=memory, minlength=k)
+    assert used.max() <= cap * (1 + 1e-12)
+    assert key == score(gd)[0] and chain == score(gd)[1]
+    assert key[0] <= list_schedule(tg, start, k).step_time_s
+    for g in chain:
+        for d in range(k):
+            if d != gd[g] and used[d] + memory[g] <= cap:
+                moved = gd.copy()
+                moved[g] = d
+                assert not score(moved)[0] < key
+
+
 def test_kicks_escape_where_single_chain_moves_stop():
     # With a transfer on every crossing edge, single moves of chain groups from
     # everything on device 0 stop at 3.5 s; kicks of two groups at a time reach 3.25.
@@ -92,6 +126,11 @@ def test_kicks_escape_where_single_chain_moves_stop():
     assert single == 3.5
     assert kicked <= 3.25
     assert kicked == list_schedule(tg, gd, 2).step_time_s
+    gd, swept = kicked_search(start, chain_score(tg, 2), **common,
+                              deadline=time.perf_counter() + 0.5,
+                              rng=np.random.default_rng(0), descent=chain_sweep)
+    assert swept <= 3.25
+    assert swept == list_schedule(tg, gd, 2).step_time_s
 
 
 @settings(max_examples=80, deadline=None)
