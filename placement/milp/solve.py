@@ -64,7 +64,7 @@ RELAXED_DP_SHARE = 0.6
 LIGHT_SENDER_SHARE = 0.005
 #: The relaxation also merges the states of a layer whose loads lie within cells of
 #: this share of total work / devices (`sequence_dp._merge_close`).
-MERGE_CELL_SHARE = 0.002
+MERGE_CELL_SHARE = 0.005
 #: Share of the time left after the coarse round that the window search keeps (the
 #: fine MILP, whose bound it cannot replace, runs first), the free units at first on
 #: each side of a cut, and the seconds one window's MILP may take (one shorter than
