@@ -356,6 +356,19 @@ def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
     return new_loads, new_masks, perm
 
 
+def _packed(rows: np.ndarray) -> np.ndarray:
+    """Non-negative integer rows as one int64 each where their bits fit (the same
+    rows, the same key), else the rows: numpy's unique over rows sorts them as raw
+    bytes, several times slower than over one column."""
+    bits = [int(v).bit_length() for v in rows.max(axis=0, initial=0).tolist()]
+    if not len(rows) or sum(bits) > 62:
+        return rows
+    key = np.zeros(len(rows), dtype=np.int64)
+    for q, b in enumerate(bits):
+        key = (key << b) | rows[:, q]
+    return key[:, None]
+
+
 def _merge_close(loads: np.ndarray, masks: np.ndarray, width: float):
     """A relaxation of a layer: the states with the same sender sets whose loads fall in
     the same cells of `width` (per device, after relabelling) become one, with the
@@ -365,7 +378,8 @@ def _merge_close(loads: np.ndarray, masks: np.ndarray, width: float):
     kept may stand for none. Returns the kept states' indices (the first of each
     cell) and their loads."""
     key = np.concatenate([masks, np.floor(loads / width).astype(np.int64)], axis=1)
-    _, first, cell = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    _, first, cell = np.unique(_packed(key), axis=0, return_index=True,
+                               return_inverse=True)
     least = np.full((len(first), loads.shape[1]), np.inf)
     np.minimum.at(least, cell.ravel(), loads)
     return first, least
@@ -380,7 +394,7 @@ def _undominated(loads: np.ndarray, masks: np.ndarray) -> np.ndarray:
     yet probed are kept (keeping a dominated state only costs time). Dominance is
     transitive, so a state dropped always has a kept dominator."""
     if masks.shape[1]:
-        _, group = np.unique(masks, axis=0, return_inverse=True)
+        _, group = np.unique(_packed(masks), axis=0, return_inverse=True)
         group = group.ravel()
     else:
         group = np.zeros(len(loads), dtype=np.int64)
@@ -415,8 +429,12 @@ def _dominance_round(loads, group, open_, alive, probed) -> None:
         part = slice(a, a + CHUNK)
         cand, cand_pos = table[gid[part]], table_pos[gid[part]]  # (chunk, probes, k)
         mine, pos = loads[open_[part]][:, None, :], open_[part, None]
-        le = (cand <= mine).all(axis=2)
-        lt = (cand < mine).any(axis=2)
+        # Device by device: numpy reduces a short last axis (k) several times slower.
+        le = cand[:, :, 0] <= mine[:, :, 0]
+        lt = cand[:, :, 0] < mine[:, :, 0]
+        for e in range(1, loads.shape[1]):
+            le &= cand[:, :, e] <= mine[:, :, e]
+            lt |= cand[:, :, e] < mine[:, :, e]
         dominated = (le & (lt | (cand_pos < pos)) & (cand_pos >= 0)
                      & (cand_pos != pos)).any(axis=1)
         alive[open_[part][dominated]] = False
