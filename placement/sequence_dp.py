@@ -421,20 +421,20 @@ def _dominance_round(loads, group, open_, alive, probed) -> None:
     probes = min(DOMINANCE_PROBES, int(sizes.max()))
     sel = rank < probes
     probed[open_[sel]] = True
-    table = np.full((len(starts), probes, loads.shape[1]), np.inf)
+    # One table per device, so that each comparison below reads contiguous rows.
+    tables = np.full((loads.shape[1], len(starts), probes), np.inf)
     table_pos = np.full((len(starts), probes), -1)
-    table[gid[sel], rank[sel]] = loads[open_[sel]]
+    tables[:, gid[sel], rank[sel]] = loads[open_[sel]].T
     table_pos[gid[sel], rank[sel]] = open_[sel]
     for a in range(0, len(open_), CHUNK):
         part = slice(a, a + CHUNK)
-        cand, cand_pos = table[gid[part]], table_pos[gid[part]]  # (chunk, probes, k)
-        mine, pos = loads[open_[part]][:, None, :], open_[part, None]
-        # Device by device: numpy reduces a short last axis (k) several times slower.
-        le = cand[:, :, 0] <= mine[:, :, 0]
-        lt = cand[:, :, 0] < mine[:, :, 0]
-        for e in range(1, loads.shape[1]):
-            le &= cand[:, :, e] <= mine[:, :, e]
-            lt |= cand[:, :, e] < mine[:, :, e]
+        rows, cand_pos, pos = gid[part], table_pos[gid[part]], open_[part, None]
+        le = np.ones(cand_pos.shape, dtype=bool)
+        lt = np.zeros(cand_pos.shape, dtype=bool)
+        for e, table in enumerate(tables):
+            cand, mine = table[rows], loads[open_[part], e][:, None]
+            le &= cand <= mine
+            lt |= cand < mine
         dominated = (le & (lt | (cand_pos < pos)) & (cand_pos >= 0)
                      & (cand_pos != pos)).any(axis=1)
         alive[open_[part][dominated]] = False
