@@ -6,7 +6,11 @@ Writes OUT_DIR/<model>_training.json for BERT with 3, 6 and 12 layers (transform
 `BertForMaskedLM`, BERT-base width: hidden 768, 12 heads, sequence 128, its own
 masked-LM loss on 15% of the tokens, dropout 0.1 as published) and ResNet-50
 (`ResNetForImageClassification`, bottleneck blocks [3, 4, 6, 3], 224x224 images, its own
-classification loss), batch 8. Each is profiled (`orchestrator.profile.profile_model`,
+classification loss), batch 8; and T5 (`T5ForConditionalGeneration`, T5-small's sizes:
+6 encoder and 6 decoder layers, d_model 512, 8 heads of 64, d_ff 2048, vocabulary
+32,128, its embedding shared by the encoder, the decoder and the LM head; dropout rate
+0, sequence 128 in and out, its own cross-entropy loss), batch 64, a model the planner
+was not tuned on. Each is profiled (`orchestrator.profile.profile_model`,
 `paper` preset, `--device meta`: no weight is allocated (at operator granularity the
 model is captured on fake CPU tensors, so the graph is the one a worker captures), and
 shapes, FLOPs and bytes are exact, times projected by the roofline for cpu, v100, a100
@@ -39,6 +43,8 @@ SEQ = 128
 BERT_VOCAB = 30522
 IMAGE = 224
 CLASSES = 1000
+T5_VOCAB = 32128
+T5_BATCH = 64
 #: Share of the tokens a masked-LM step predicts (Devlin et al. 2019).
 MASKED = 0.15
 
@@ -99,7 +105,31 @@ def resnet50(preset: str = "paper") -> ModelSpec:
                      make_batch=make_batch, batch=BATCH)
 
 
-MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50}
+def t5(preset: str = "paper") -> ModelSpec:
+    """T5-small's sizes at `paper`; `tiny`: 2 + 2 layers of width 128, vocabulary 512,
+    sequence 16, batch 8 (for tests)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    tiny = preset == "tiny"
+    config = T5Config(vocab_size=512 if tiny else T5_VOCAB, d_model=128 if tiny else 512,
+                      d_kv=32 if tiny else 64, d_ff=256 if tiny else 2048,
+                      num_layers=2 if tiny else 6, num_decoder_layers=2 if tiny else 6,
+                      num_heads=4 if tiny else 8, dropout_rate=0.0,
+                      decoder_start_token_id=0, pad_token_id=0)
+    seq = 16 if tiny else SEQ
+
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        # Token 0 is the pad and decoder start token: neither input nor label uses it.
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(1, config.vocab_size, (batch, seq), generator=generator)
+        return ids.to(device), ids.flip(1).to(device)
+
+    return ModelSpec(name="t5", preset=preset,
+                     module=WithLabels(T5ForConditionalGeneration(config), "input_ids"),
+                     make_batch=make_batch, batch=BATCH if tiny else T5_BATCH)
+
+
+MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50, "t5": t5}
 
 
 def training_graph(graph: OpGraph) -> OpGraph:

@@ -6,6 +6,7 @@ Each returns a per-group device array; `placement.planner` turns it into a full 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -101,11 +102,12 @@ def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
     return group_device
 
 
-def group_sequence(tg: TaskGraph) -> list[int]:
-    """Groups in the topological order of their first forward task."""
+def group_sequence(tg: TaskGraph, order: Sequence[int] | None = None) -> list[int]:
+    """Groups in the topological order of their first forward task (`order`, a
+    topological order of the tasks; `tg.topological_order` by default)."""
     first = np.full(tg.num_groups, np.iinfo(np.int64).max)
     any_first = np.full(tg.num_groups, np.iinfo(np.int64).max)
-    for pos, t in enumerate(tg.topological_order):
+    for pos, t in enumerate(tg.topological_order if order is None else order):
         g = tg.group[t]
         any_first[g] = min(any_first[g], pos)
         if not tg.tasks[t].backward and not tg.graph.op(tg.tasks[t].op_id).is_backward:

@@ -24,6 +24,7 @@ fit in memory; otherwise the result is the contiguous heuristic's (`exact` False
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -221,7 +222,8 @@ def join_roots(join: np.ndarray) -> np.ndarray:
     return root
 
 
-def joined_sequence(tg: TaskGraph, root: np.ndarray) -> list[int]:
+def joined_sequence(tg: TaskGraph, root: np.ndarray,
+                    order: Sequence[int] | None = None) -> list[int]:
     """The group sequence with each joined group moved to just before its root, and
     each *pendant* root (one forward successor root, no forward predecessor but
     pendant ones) moved, with what hangs into it, to just before that successor: at
@@ -230,11 +232,12 @@ def joined_sequence(tg: TaskGraph, root: np.ndarray) -> list[int]:
     interval split of it pays their transfers to the far devices. Side inputs and
     pendants have no forward predecessor outside what moves with them, so this is
     still a topological order of the forward groups, and its intervals keep side
-    inputs with their neighbours and pendant chains with their consumers."""
+    inputs with their neighbours and pendant chains with their consumers. `order`:
+    the topological order of the tasks it starts from (`group_sequence`'s)."""
     members: dict[int, list[int]] = {}
     for g in np.flatnonzero(root != np.arange(len(root))).tolist():
         members.setdefault(int(root[g]), []).append(g)
-    roots = [g for g in group_sequence(tg) if root[g] == g]
+    roots = [g for g in group_sequence(tg, order) if root[g] == g]
     successor = _pendant_successors(tg, root, roots)
     # What hangs into a root, heaviest first: the lightest (a weight's unsqueeze)
     # then sits next to it, a chain of real work (a pendant main path) before.

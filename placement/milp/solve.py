@@ -14,13 +14,14 @@ import numpy as np
 
 from placement.coarsen import chain_clusters
 from placement.heuristics import rotated_splits
-from placement.ideal_dp import ideal_split, join_roots, joined_sequence, side_inputs
+from placement.ideal_dp import ideal_split, join_roots, side_inputs
 from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
 from placement.sequence_dp import relaxed_bound, sequence_dp
+from placement.sequences import joined_sequences
 from placement.milp.incumbent import (
     Incumbent,
     believable,
@@ -169,13 +170,15 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     # the groups with their side inputs (its optimum and bound are the groups').
     incumbent.stage = "presolve"
     root = join_roots(side_inputs(tg, problem.group_memory, problem.memory_cap))
-    seq = joined_sequence(tg, root)
+    sequences = joined_sequences(tg, root)
+    seq = sequences[0]
     _snap_side_inputs(incumbent, root, score)
-    split = rotated_splits(tg, k, problem.group_memory, problem.memory_cap, seq,
-                           ROTATIONS, time.perf_counter() + ROTATION_SHARE * max(
-                               0.0, deadline - time.perf_counter()))
-    if split is not None:
-        incumbent.offer(*split, "contiguous-dp (side inputs joined, rotated)")
+    for share, candidate in zip((0.5, 1.0), sequences):
+        split = rotated_splits(tg, k, problem.group_memory, problem.memory_cap, candidate,
+                               ROTATIONS, time.perf_counter() + share * ROTATION_SHARE * max(
+                                   0.0, deadline - time.perf_counter()))
+        if split is not None:
+            incumbent.offer(*split, "contiguous-dp (side inputs joined, rotated)")
     # The optimum over contiguous splits: the MILP starts from it, so never loses to it.
     ideal = ideal_split(tg, k, problem.group_memory, problem.memory_cap,
                         upper=incumbent.value,

@@ -53,7 +53,7 @@ ALL_SOLVERS = [pytest.param(s, marks=needs[s]) for s in SOLVER_NAMES]
 #: search and the order search after it, is strictly worse than the brute-force optimum
 #: (the test checks).
 HONEST_CASES = [("makespan", 9, 5, 3, 0.7), ("max-load", 0, 7, 2, 0.55),
-                ("max-load", 70, 7, 3, 0.7), ("max-load", 33, 7, 2, 0.7)]
+                ("max-load", 95, 7, 3, 0.7), ("max-load", 33, 7, 2, 0.7)]
 
 
 def do_nothing(model, options):
