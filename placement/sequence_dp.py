@@ -140,8 +140,9 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     it can then prove nothing. A test costs more the closer it lies to what the DP
     can prove: bisecting from the middle at once spent a whole budget on one test far
     above it (decomposed bert12 under load 3.8), and bisecting after the first failed
-    test spent 13 of 23 s on one test that failed its pace there. On decomposed ResNet-50 the exact DP passes the
-    state cap in the batch norms' pockets; the relaxation walks a third of the units.
+    test spent 13 of 23 s on one test that failed its pace there. On decomposed
+    ResNet-50 the exact DP passes the state cap in the batch norms' pockets; the
+    relaxation walks a third of the units.
     `merge` > 0 relaxes each layer further (`_merge_close`, cells of that width)."""
     if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
         return lower
