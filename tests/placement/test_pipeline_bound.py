@@ -1,7 +1,8 @@
 """The step-time relaxation and the order round of the step-time MILP: the relaxation's
 bound never exceeds the brute-force optimum and beats the analytic and window bounds
-where a placement must pay fill, drain or transfers; the order round finds the best
-order of a placement whose list schedule is not."""
+where a placement must pay fill, drain or transfers, also with only some groups'
+placement integral; the order round finds the best order of a placement whose list
+schedule is not."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement.milp.backends import BACKENDS
+from placement.milp import pipeline_bound
+from placement.milp.backends import BACKENDS, SolveOptions
 from placement.milp.incumbent import Incumbent
 from placement.milp.makespan import order_round
-from placement.milp.pipeline_bound import solve_relaxation
+from placement.milp.pipeline_bound import (
+    build_relaxation,
+    integral_order,
+    relaxation_data,
+    solve_relaxation,
+)
 from placement.milp.solve import solve_plan
 from placement.problem import best_heuristic
 from placement.simulate import list_schedule
@@ -54,6 +61,42 @@ def test_no_placement_beats_the_bound(seed, num_ops, k, micro, colocate):
     group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
     assert list_schedule(p.tg, group_device, k).step_time_s >= (
         relaxation_bound(p) * (1 - 1e-6))
+
+
+def partial_bound(p, count: int) -> float:
+    """The relaxation's optimum with the first `count` groups of `integral_order`
+    integral, the rest in [0, 1]."""
+    data = relaxation_data(p, upper_bound=1e6)
+    model = build_relaxation(data, integral_order(data.tg)[:count])
+    result = BACKENDS["highs"].run(model, SolveOptions(time_limit_s=20, gap=0.0))
+    assert result.status == "optimal"
+    return result.lower_bound * data.scale
+
+
+# (seed, ops, devices): two micro-batches; with 2 of the 3-4 groups integral the bound
+# is above the LP's (no group integral) and already the optimum.
+PARTIAL_CASES = [(1, 4, 3), (9, 5, 3), (2, 4, 2)]
+
+
+@pytest.mark.parametrize("case", PARTIAL_CASES)
+def test_partial_integrality_bounds_rise_with_it_and_stay_below_the_optimum(case):
+    seed, num_ops, k = case
+    p = problem(training_dag(seed, num_ops), k, "makespan", num_micro_batches=2)
+    optimum = search_step_time(p.tg, k)
+    bounds = [partial_bound(p, c) for c in range(p.tg.num_groups + 1)]
+    assert all(a <= b * (1 + 1e-6) for a, b in zip(bounds, bounds[1:]))
+    assert bounds[-1] <= optimum * (1 + 1e-6)
+    assert bounds[0] < bounds[2] == pytest.approx(optimum, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", [1, 3, 9])
+def test_the_partial_rounds_keep_the_bound_valid(seed, monkeypatch):
+    # One integral group first, then two, then the full model from their floor.
+    monkeypatch.setattr(pipeline_bound, "FIRST_INTEGRAL", 1)
+    monkeypatch.setattr(pipeline_bound, "PARTIAL_MIN_GROUPS", 1)
+    k = 3
+    p = problem(training_dag(seed, 5), k, "makespan", num_micro_batches=2)
+    assert relaxation_bound(p) <= search_step_time(p.tg, k) * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("solver", ["highs", "cbc", "glpk"])

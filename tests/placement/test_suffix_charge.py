@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -51,3 +52,36 @@ def test_a_long_suffix_must_be_cut():
     assert suffix_charges(work, members, cost, 1.5).tolist() == [0.5, 0.25, 0.0, 0.0]
     assert suffix_charges(work, members, cost, 2.5).tolist() == [0.25, 0.0, 0.0, 0.0]
     assert math.isinf(suffix_charges(work, members, cost, 0.5)[0])
+
+
+def _pocket_sequence(seed: int) -> tuple[SimpleNamespace, int]:
+    """4-7 units, each a device's work or a pocket's (a tenth of it), and 2-6 senders of
+    2-3 members, on 2-3 devices: the shapes the pocket rule reads."""
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(4, 8)), int(rng.integers(2, 4))
+    work = np.where(rng.random(n) < 0.4, rng.uniform(0.01, 0.1, n), rng.uniform(0.5, 1.5, n))
+    members = [sorted(rng.choice(n, size=int(rng.integers(2, 4)), replace=False).tolist())
+               for _ in range(int(rng.integers(2, 7)))]
+    return SimpleNamespace(work=work, members=members, k=k, n=n,
+                           cost=rng.uniform(0.01, 0.6, len(members))), k
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_pockets_between_heavy_units_against_brute_force(seed):
+    model, k = _pocket_sequence(seed)
+    for placement in itertools.product(range(k), repeat=model.n):
+        value, added = _loads_and_charges(model, np.array(placement))
+        charges = suffix_charges(model.work, model.members, model.cost, value)
+        assert (added >= 2 * charges - 1e-9 * value).all()
+
+
+def test_what_goes_around_a_pocket_is_charged():
+    """Units of work 1, 0.1 and 1 within L = 1.5: no device holds both heavy units, so
+    the tensor from the first to the last (cost 1) is cut even where the light unit
+    sits apart as a segment of its own, which, read by adjacent segments alone,
+    charges only its two links (0.2). Within 2.5 one device may hold all three."""
+    work = np.array([1.0, 0.1, 1.0])
+    members, cost = [[0, 2], [0, 1], [1, 2]], np.array([1.0, 0.1, 0.1])
+    assert suffix_charges(work, members, cost, 1.5)[0] == pytest.approx(1.1)
+    assert suffix_charges(work, members, cost, 2.5)[0] == 0.0
