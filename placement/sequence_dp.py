@@ -35,6 +35,7 @@ import numpy as np
 from placement.ideal_dp import merged_senders
 from placement.suffix_charge import suffix_charges
 from placement.tasks import TaskGraph
+from placement.tied_units import TiedUnits, tied_units
 
 #: States one layer may hold; past it the layer keeps the least loaded (a beam), so
 #: the test at that L can still find a plan but proves nothing.
@@ -125,7 +126,7 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
 
 def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
                   lower: float, upper: float, light: float, deadline: float = math.inf,
-                  max_states: int = MAX_STATES) -> float:
+                  max_states: int = MAX_STATES, merge: float = 0.0) -> float:
     """A proven max-load bound (at least `lower`) from the DP on a relaxation with
     fewer states: senders of cost at most `light` dropped (every load can only fall),
     and the units then left with no sender, such as a decomposed batch norm's
@@ -133,25 +134,28 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     of (the last layer's loads plus that work must fit k L). Every L at which no state
     survives is out for the relaxation, so for every placement. The tests climb from
     `lower` in steps that double while they prove (the first RELAXED_FIRST_STEP of it)
-    and bisect once one does not: a test that passes the state cap, runs past its
-    pace, or finds a relaxed placement (no plan of the real problem) lowers the top,
-    and a test stops at the cap, since it can then prove nothing. Bisecting from the
-    middle at once spent a whole budget on one test far above what the DP can prove
-    (decomposed bert12 under load 3.8). On decomposed ResNet-50 the exact DP passes the
-    state cap in the batch norms' pockets; the relaxation walks a third of the units."""
+    and shrink fourfold when one does not (never past the middle of what is left): a
+    test that passes the state cap, runs past its pace, or finds a relaxed placement
+    (no plan of the real problem) lowers the top, and a test stops at the cap, since
+    it can then prove nothing. A test costs more the closer it lies to what the DP
+    can prove: bisecting from the middle at once spent a whole budget on one test far
+    above it (decomposed bert12 under load 3.8), and bisecting after the first failed
+    test spent 13 of 23 s on one test that failed its pace there. On decomposed
+    ResNet-50 the exact DP passes the state cap in the batch norms' pockets; the
+    relaxation walks a third of the units.
+    `merge` > 0 relaxes each layer further (`_merge_close`, cells of that width)."""
     if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
         return lower
     model = _Model(tg, units, num_devices, light)
     lo, hi, step = lower, upper, RELAXED_FIRST_STEP * lower
-    climbing = True
     while hi - lo > BOUND_RESOLUTION * hi and time.perf_counter() < deadline:
-        probe = min(lo + step, 0.5 * (lo + hi)) if climbing else 0.5 * (lo + hi)
+        probe = min(lo + max(step, BOUND_RESOLUTION * hi), 0.5 * (lo + hi))
         found, proven, finished = model.placement_within(probe, deadline, max_states,
-                                                         proof_only=True)
+                                                         proof_only=True, merge=merge)
         if found is None and proven and finished:
             lo, step = probe, 2 * step
         else:
-            hi, climbing = probe, False  # no proof at or above this L
+            hi, step = probe, step / 4  # no proof at or above this L
     return lo
 
 
@@ -199,18 +203,20 @@ class _Model:
         return float(loads.max())
 
     def placement_within(self, bound: float, deadline: float, max_states: int,
-                         proof_only: bool = False
+                         proof_only: bool = False, merge: float = 0.0
                          ) -> tuple[np.ndarray | None, bool, bool]:
         """A placement of max-load at most `bound` or None, whether None is a proof
         that there is none, and whether the test finished. Past the state cap a layer
         keeps the `max_states` states of least (max, total) load, so a placement may
         still be found, but no proof (`proof_only`: the test ends there); a test
         stopped at the deadline, or earlier where its pace says it would not finish
-        (PACE_LAYERS), gives neither."""
+        (PACE_LAYERS), gives neither. `merge` > 0 relaxes the test (`_merge_close`):
+        a proof still holds, a placement found may pass `bound`."""
         k, lim = self.k, bound * (1 + SLACK)
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
         ahead = self.rest + 2 * suffix_charges(self.work, self.members, self.cost, bound)
+        tied = tied_units(self.work, self.members, self.cost, k, lim, float(self.rest[0]))
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
@@ -233,12 +239,17 @@ class _Model:
             device = np.repeat(np.arange(k), len(loads))
             slack = k * lim - new_loads.sum(axis=1) - ahead[i + 1]
             keep = ((new_loads.max(axis=1) <= lim) & (slack >= 0)
-                    & self._forced_fit(new_loads, new_masks, new_open, i, slack, lim))
+                    & self._forced_fit(new_loads, new_masks, new_open, i, slack, lim,
+                                       tied))
             if not keep.any():
                 return None, proven, True
             new_loads, new_masks = new_loads[keep], new_masks[keep]
             parent, device = parent[keep], device[keep]
             new_loads, new_masks, perm = _canonical(new_loads, new_masks, k, lim)
+            if merge > 0:
+                rep, new_loads = _merge_close(new_loads, new_masks, merge)
+                new_masks, parent, device, perm = (new_masks[rep], parent[rep],
+                                                   device[rep], perm[rep])
             chosen = _undominated(new_loads, new_masks)
             if len(chosen) > max_states:
                 if proof_only:
@@ -252,12 +263,15 @@ class _Model:
             layer_ends.append(time.perf_counter())
         return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven, True
 
-    def _forced_fit(self, loads, masks, open_ids, i, slack, lim) -> np.ndarray:
+    def _forced_fit(self, loads, masks, open_ids, i, slack, lim,
+                    tied: TiedUnits | None = None) -> np.ndarray:
         """Per state, whether each device can take the units it is forced to: a sender
         whose placed members sit on one device d adds at least 2 c to the loads'
         sum if it is ever cut (c on d and on another device), beyond what `slack`
         counts (the suffix charge holds only senders with no member placed), so where
-        2 c passes the state's slack its members still to place must join d."""
+        2 c passes the state's slack its members still to place must join d. `tied`
+        (`placement.tied_units`): every unit still to place of a component with a
+        placed unit on d must join d too, the components' work summed."""
         fits = np.ones(len(loads), dtype=bool)
         if not open_ids:
             return fits
@@ -265,10 +279,13 @@ class _Model:
         later = np.array([sum(self.work[x] for x in self.members[j] if x > i)
                           for j in open_ids])
         forced = (2 * cost[None, :] > slack[:, None]) & ((masks & (masks - 1)) == 0)
+        components = _open_components(tied, open_ids, i)
         for d in range(self.k):
             mine = forced & (masks == 1 << d)
             need = np.where(mine, later[None, :], 0.0).max(axis=1)
-            fits &= loads[:, d] + need <= lim
+            held = sum((np.where(masks[:, q] == 1 << d, work, 0.0)
+                        for q, work in components), np.zeros(len(loads)))
+            fits &= loads[:, d] + np.maximum(need, held) <= lim
         return fits
 
     def _place(self, loads, masks, col, i, d, new_open):
@@ -305,6 +322,22 @@ class _Model:
         return unit_device
 
 
+def _open_components(tied: TiedUnits | None, open_ids: list[int],
+                     i: int) -> list[tuple[int, float]]:
+    """Per tied component with units on both sides of position i: the column of one
+    of its open senders (a component spanning i has one; its placed members all sit on
+    the one device of the component, else the state has paid the cut and failed its
+    slack) and the work of its units after i."""
+    if tied is None:
+        return []
+    seen: dict[int, tuple[int, float]] = {}
+    for q, j in enumerate(open_ids):
+        c = int(tied.component[j])
+        if c >= 0 and c not in seen:
+            seen[c] = (q, tied.later_work(c, i))
+    return [v for v in seen.values() if v[1] > 0]
+
+
 def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
     """Relabel each state's devices: by which open senders' sets hold them, then by
     load, descending. Returns the loads and sets relabelled and per state the map
@@ -325,6 +358,35 @@ def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
     return new_loads, new_masks, perm
 
 
+def _packed(rows: np.ndarray) -> np.ndarray:
+    """Non-negative integer rows as one int64 each where their bits fit (the same
+    rows, the same key), else the rows: numpy's unique over rows sorts them as raw
+    bytes, several times slower than over one column."""
+    bits = [int(v).bit_length() for v in rows.max(axis=0, initial=0).tolist()]
+    if not len(rows) or sum(bits) > 62:
+        return rows
+    key = np.zeros(len(rows), dtype=np.int64)
+    for q, b in enumerate(bits):
+        key = (key << b) | rows[:, q]
+    return key[:, None]
+
+
+def _merge_close(loads: np.ndarray, masks: np.ndarray, width: float):
+    """A relaxation of a layer: the states with the same sender sets whose loads fall in
+    the same cells of `width` (per device, after relabelling) become one, with the
+    least load of each device among them. That state's completions cost no more than
+    any of theirs (each load at most, the same sets), so a placement within L of any
+    of them is one of it: what no state survives stays impossible, while a state
+    kept may stand for none. Returns the kept states' indices (the first of each
+    cell) and their loads."""
+    key = np.concatenate([masks, np.floor(loads / width).astype(np.int64)], axis=1)
+    _, first, cell = np.unique(_packed(key), axis=0, return_index=True,
+                               return_inverse=True)
+    least = np.full((len(first), loads.shape[1]), np.inf)
+    np.minimum.at(least, cell.ravel(), loads)
+    return first, least
+
+
 def _undominated(loads: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """Indices of the states kept: per sender sets, those no other state dominates
     (each load at most, one less; of exact duplicates the first). In rounds: each
@@ -334,7 +396,7 @@ def _undominated(loads: np.ndarray, masks: np.ndarray) -> np.ndarray:
     yet probed are kept (keeping a dominated state only costs time). Dominance is
     transitive, so a state dropped always has a kept dominator."""
     if masks.shape[1]:
-        _, group = np.unique(masks, axis=0, return_inverse=True)
+        _, group = np.unique(_packed(masks), axis=0, return_inverse=True)
         group = group.ravel()
     else:
         group = np.zeros(len(loads), dtype=np.int64)
@@ -361,16 +423,20 @@ def _dominance_round(loads, group, open_, alive, probed) -> None:
     probes = min(DOMINANCE_PROBES, int(sizes.max()))
     sel = rank < probes
     probed[open_[sel]] = True
-    table = np.full((len(starts), probes, loads.shape[1]), np.inf)
+    # One table per device, so that each comparison below reads contiguous rows.
+    tables = np.full((loads.shape[1], len(starts), probes), np.inf)
     table_pos = np.full((len(starts), probes), -1)
-    table[gid[sel], rank[sel]] = loads[open_[sel]]
+    tables[:, gid[sel], rank[sel]] = loads[open_[sel]].T
     table_pos[gid[sel], rank[sel]] = open_[sel]
     for a in range(0, len(open_), CHUNK):
         part = slice(a, a + CHUNK)
-        cand, cand_pos = table[gid[part]], table_pos[gid[part]]  # (chunk, probes, k)
-        mine, pos = loads[open_[part]][:, None, :], open_[part, None]
-        le = (cand <= mine).all(axis=2)
-        lt = (cand < mine).any(axis=2)
-        dominated = (le & (lt | (cand_pos < pos)) & (cand_pos >= 0)
-                     & (cand_pos != pos)).any(axis=1)
+        rows, cand_pos, pos = gid[part], table_pos[gid[part]], open_[part, None]
+        le = np.ones(cand_pos.shape, dtype=bool)
+        lt = np.zeros(cand_pos.shape, dtype=bool)
+        for e, table in enumerate(tables):
+            cand, mine = table[rows], loads[open_[part], e][:, None]
+            le &= cand <= mine
+            lt |= cand < mine
+        # An empty slot (inf) is never at most a load, and a state is not below itself.
+        dominated = (le & (lt | (cand_pos < pos))).any(axis=1)
         alive[open_[part][dominated]] = False

@@ -63,6 +63,9 @@ SEQUENCE_DP_SHARE = 0.5
 #: bert12's senders.
 RELAXED_DP_SHARE = 0.6
 LIGHT_SENDER_SHARE = 0.005
+#: The relaxation also merges the states of a layer whose loads lie within cells of
+#: this share of total work / devices (`sequence_dp._merge_close`).
+MERGE_CELL_SHARE = 0.005
 #: Share of the time left after the coarse round that the window search keeps (the
 #: fine MILP, whose bound it cannot replace, runs first), the free units at first on
 #: each side of a cut, and the seconds one window's MILP may take (one shorter than
@@ -247,7 +250,8 @@ def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
     light = LIGHT_SENDER_SHARE * float(tg.duration_s.sum()) / k
     return relaxed_bound(tg, units, k, known, incumbent.value, light,
                          deadline=time.perf_counter() + RELAXED_DP_SHARE * max(
-                             0.0, deadline - time.perf_counter()))
+                             0.0, deadline - time.perf_counter()),
+                         merge=MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k)
 
 
 def _window_search(problem: Problem, backend: Backend, incumbent: Incumbent,
