@@ -12,8 +12,7 @@ work must follow at the end.
 
 The sequence DP (`sequence_dp._Model._forced_fit`) uses the components: a device that
 holds a placed unit of a component must still find room for the component's units not
-yet placed. Hand-written: a union-find over a few hundred senders, for which no
-library in the environment (no SciPy) is worth a dependency.
+yet placed.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from networkx.utils import UnionFind
 
 
 @dataclass(frozen=True)
@@ -45,31 +45,17 @@ def tied_units(work: np.ndarray, members: Sequence[Sequence[int]], cost: np.ndar
     """The senders no placement of max-load at most `bound` cuts (2 c > k bound - W,
     with W = `total_work`, which may count work outside `work`) and the components
     they join the units of `work` into."""
-    parent = list(range(len(work)))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
     spare = num_devices * bound - total_work
-    tied = [j for j, c in enumerate(np.asarray(cost, dtype=float).tolist())
-            if 2 * c > spare]
+    cost = np.asarray(cost, dtype=float)
+    tied = np.flatnonzero(2 * cost > spare).tolist()
+    sets = UnionFind()
     for j in tied:
-        root = find(int(members[j][0]))
-        for x in members[j][1:]:
-            parent[find(int(x))] = root
-    roots = sorted({find(int(members[j][0])) for j in tied})
-    index = {r: c for c, r in enumerate(roots)}
+        sets.union(*(int(x) for x in members[j]))
+    units = sorted((sorted(group) for group in sets.to_sets()), key=lambda u: u[0])
+    index = {x: c for c, group in enumerate(units) for x in group}
     component = np.full(len(members), -1, dtype=np.int64)
     for j in tied:
-        component[j] = index[find(int(members[j][0]))]
-    units = [[] for _ in roots]
-    for x in range(len(work)):
-        c = index.get(find(x))
-        if c is not None:
-            units[c].append(x)
+        component[j] = index[int(members[j][0])]
     unit_arrays = tuple(np.array(u, dtype=np.int64) for u in units)
     work_from = tuple(np.concatenate([np.cumsum(work[u][::-1])[::-1], [0.0]])
                       for u in unit_arrays)
