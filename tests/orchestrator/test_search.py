@@ -71,16 +71,22 @@ def test_a_trials_record_keeps_the_prediction_that_ranked_it():
     assert third["predicted_step_s"] == pytest.approx(0.01 * (1 + 0.1 / 3))
 
 
+def _mp1_own_timing(probe_s: float | None = None):
+    """A trial's own timing of mp 1 at dp 2: worker batches 16 and 32 (global 32 and
+    64), steps 15 and 25 ms."""
+    from placement.scaling.timed_step import TimedStep
+
+    return TimedStep(mp_degree=1, dp_degree=2, num_micro_batches=1, batches=(16.0, 32.0),
+                     compute_s=(0.015, 0.025), allreduce_s=(0.0, 0.0), optimizer_s=0.0,
+                     rounds=5, probe_s=probe_s)
+
+
 def test_a_trials_own_timing_ranks_the_rest_of_its_mp_degree():
     from ray.tune.utils import flatten_dict
 
     from orchestrator.train.job import TIMED_HERE
-    from placement.scaling.timed_step import TimedStep
 
-    # mp 1 at dp 2: worker batches 16 and 32 (global 32 and 64), steps 15 and 25 ms.
-    own = TimedStep(mp_degree=1, dp_degree=2, num_micro_batches=1, batches=(16.0, 32.0),
-                    compute_s=(0.015, 0.025), allreduce_s=(0.0, 0.0), optimizer_s=0.0,
-                    rounds=5)
+    own = _mp1_own_timing()
     s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s")
     assert Candidate.from_dict(s.suggest("t1")["candidate"]).key() == "mp1-b64"
     # Flattened, as Tune hands a searcher its results.
@@ -102,11 +108,8 @@ def test_the_driver_probes_the_host_before_each_ranking_and_records_the_level_ca
 
     from orchestrator.sweep_trials import trial_record
     from orchestrator.train.job import PROBE, TIMED_HERE
-    from placement.scaling.timed_step import TimedStep
 
-    own = TimedStep(mp_degree=1, dp_degree=2, num_micro_batches=1, batches=(16.0, 32.0),
-                    compute_s=(0.015, 0.025), allreduce_s=(0.0, 0.0), optimizer_s=0.0,
-                    rounds=5, probe_s=0.0011)
+    own = _mp1_own_timing(probe_s=0.0011)
     # The host as the driver's probe finds it before each ranking: 1 ms, 1 ms, then twice
     # as slow as when mp1-b64 ran (its own probe between its steps: 1 ms).
     probes = iter([0.001, 0.001, 0.002])
