@@ -61,11 +61,13 @@ SEQUENCE_DP_SHARE = 0.5
 #: work / devices. On decomposed ResNet-50 the relaxation proved 1.071-1.073 W/4 with
 #: shares 0.002-0.01 (the state cap, not the share, stops it); 0.005 drops 3% of
 #: bert12's senders.
-RELAXED_DP_SHARE = 0.6
+RELAXED_DP_SHARE = 0.8
 LIGHT_SENDER_SHARE = 0.005
 #: The relaxation also merges the states of a layer whose loads lie within cells of
-#: this share of total work / devices (`sequence_dp._merge_close`).
+#: this share of total work / devices (`sequence_dp._merge_close`), and of up to the
+#: second share where a test passes the state cap.
 MERGE_CELL_SHARE = 0.005
+MAX_MERGE_CELL_SHARE = 0.02
 #: Share of the time left after the coarse round that the window search keeps (the
 #: fine MILP, whose bound it cannot replace, runs first), the free units at first on
 #: each side of a cut, and the seconds one window's MILP may take (one shorter than
@@ -251,7 +253,8 @@ def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
     return relaxed_bound(tg, units, k, known, incumbent.value, light,
                          deadline=time.perf_counter() + RELAXED_DP_SHARE * max(
                              0.0, deadline - time.perf_counter()),
-                         merge=MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k)
+                         merge=MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k,
+                         max_merge=MAX_MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k)
 
 
 def _window_search(problem: Problem, backend: Backend, incumbent: Incumbent,
