@@ -20,9 +20,11 @@ let S be the pool's units off the home's device.
   home's, so it charges its cost c there and to another device; so S is covered by
   the point (work(S), cost(S), 2 cost(S)) of the Pareto front over every S, cost(S)
   the summed cost of those senders.
-- Anchors on two or more devices: the pool's dropped senders must separate them, at
-  least the least cut between two sides of the anchors (`_apart`) on two devices
-  each (not necessarily the home's), and at most the whole pool moves.
+- Anchors on two or more devices: take the units the home's device reaches within
+  the pool (through senders with members on it); every sender around them has a
+  member on the home's device and one off it, and they cut the home from an anchor
+  off its device: at least the least such cut (`_apart`) on the home's device and as
+  much off it, and at most the whole pool moves.
 A sender touching two pools would join them, and the walk's kept senders touch
 walked units only, so these charges add to what the walk charges. Pools of more than
 MAX_ENUMERATED units get one release, all their work for their cheapest dropped
@@ -60,8 +62,8 @@ class Pool:
     together: tuple[tuple[float, float], ...]
     """The front of (work(S), cost(S)) with every anchor on one device, (0, 0) first."""
     apart: float
-    """The least cost of its senders where the anchors sit on two or more devices (inf
-    for one anchor)."""
+    """The least cost of its senders that cut its last anchor from another (inf for
+    one anchor)."""
 
 
 def anchored_pools(work: np.ndarray, members: Sequence[Sequence[int]], cost: np.ndarray,
@@ -102,10 +104,11 @@ def releases(pools: Sequence[Pool],
     front = [(0.0, 0.0, 0.0)]
     for pool, joined in zip(pools, together):
         # Anchors together: each cut sender has a member on the home's device and one
-        # off it. Anchors apart pay their cut wherever it falls, and at most the pool
-        # moves.
+        # off it. Anchors apart: so does each sender around the units the home's
+        # device reaches within the pool (a cut between the home and an anchor off
+        # its device), and at most the pool moves.
         mine = ([(w, c, 2 * c) for w, c in pool.together] if joined
-                else [(pool.work, 0.0, 2 * pool.apart)])
+                else [(pool.work, pool.apart, 2 * pool.apart)])
         front = _sum_fronts(front, mine)
     return front[:1] + _merged(front[1:])
 
@@ -136,8 +139,8 @@ def _front(work: np.ndarray, members: Sequence[Sequence[int]], cost: np.ndarray,
 
 def _apart(members: Sequence[Sequence[int]], cost: np.ndarray,
            anchors: list[int]) -> float:
-    """The least cost of the senders `members` that separate the anchors into two
-    sides (inf for one anchor): a max flow per side."""
+    """The least cost of the senders `members` that separate the last anchor (the
+    home) from another (inf for one anchor): a max flow per other anchor."""
     if len(anchors) < 2:
         return math.inf
     graph = nx.DiGraph()
@@ -148,16 +151,7 @@ def _apart(members: Sequence[Sequence[int]], cost: np.ndarray,
         for x in m:
             graph.add_edge(int(x), ("in", j))
             graph.add_edge(("out", j), int(x))
-    least = math.inf
-    for side in range(1, 1 << (len(anchors) - 1)):
-        cut = graph.copy()
-        for q, a in enumerate(anchors):
-            if side >> q & 1:
-                cut.add_edge("source", a)
-            else:
-                cut.add_edge(a, "sink")
-        least = min(least, nx.maximum_flow_value(cut, "source", "sink"))
-    return float(least)
+    return float(min(nx.maximum_flow_value(graph, anchors[-1], a) for a in anchors[:-1]))
 
 
 def _sum_fronts(a: list[tuple[float, float, float]],

@@ -74,7 +74,7 @@ def _apart_cuts_all(pools, together):
     front = [(0.0, 0.0, 0.0)]
     for pool, joined in zip(pools, together):
         front = _sum_fronts(front, [(w, c, 2 * c) for w, c in pool.together] if joined
-                            else [(pool.work, 0.0, 2 * pool.together[-1][1])])
+                            else [(pool.work, pool.together[-1][1], 2 * pool.together[-1][1])])
     return front[:1] + _merged(front[1:])
 
 
@@ -84,7 +84,7 @@ def _whole_pools(pools, together):
     for pool, joined in zip(pools, together):
         whole = pool.together[-1]
         front = _sum_fronts(front, [(0.0, 0.0, 0.0), (whole[0], whole[1], 2 * whole[1])]
-                            if joined else [(pool.work, 0.0, 2 * pool.apart)])
+                            if joined else [(pool.work, pool.apart, 2 * pool.apart)])
     return front[:1] + _merged(front[1:])
 
 
@@ -121,7 +121,7 @@ def test_a_chain_off_its_anchor_pays_its_cheapest_cut():
     (pool,), _ = anchored_pools(work, members + [[3, 4]], np.r_[cost, 0.5], walked)
     assert pool.anchors == (0, 4) and pool.apart == 0.1
     assert np.allclose(pool.together, [(0.0, 0.0), (1.0, 0.3), (2.0, 0.4), (3.0, 0.8)])
-    assert np.allclose(releases([pool], [False]), [(3, 0, 0.2)])
+    assert np.allclose(releases([pool], [False]), [(3, 0.1, 0.2)])
 
 
 @settings(max_examples=30, deadline=None)
