@@ -19,6 +19,7 @@ from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
 from placement.path_bound import heavy_group_bound, path_cut_bound
+from placement.pool_moves import pool_moves
 from placement.segment_bound import segment_bound
 from placement.sequence_dp import relaxed_bound, sequence_dp
 from placement.sequences import joined_sequences
@@ -207,6 +208,11 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     if windowed:
         known = incumbent.proven_bound = _sequence_dp(problem, incumbent, units, known,
                                                       deadline)
+        incumbent.stage = "pool moves"
+        incumbent.offer(*pool_moves(tg, k, units, incumbent.group_device,
+                                    LIGHT_SENDER_SHARE * float(tg.duration_s.sum()) / k,
+                                    problem.group_memory, problem.memory_cap, deadline),
+                        refined(incumbent.source))
         if incumbent.value - known <= problem.config.gap * incumbent.value:
             return known, "optimal"
         incumbent.stage = "coarsening"
