@@ -29,9 +29,11 @@ A sender touching two pools would join them, and the walk's kept senders touch
 walked units only, so these charges add to what the walk charges. Pools of more than
 MAX_ENUMERATED units get one release, all their work for their cheapest dropped
 sender (a nonempty S, or anchors apart, cuts one: the pool and its anchors are
-connected). On decomposed ResNet-50 (128 pools, 0.525 W/4 of work) this moved the
-relaxation's optimum (merged states, cells of 0.02 W/4) from about 1.129 to about
-1.132 W/4 [TBD].
+connected). On decomposed ResNet-50 (128 pools, 0.525 W/4 of work; states merged in
+cells of 0.02 W/4) the fluid let a relaxed placement through at 1.1295 W/4, the
+homed pools prove 1.13 and let one through at 1.1303 (also with cells of 0.01):
+the relaxation's optimum hardly moves, since a chain's run moves for about a third
+of its work (0.0032 W/4 for 0.0007 on each side), but what it proves does.
 
 Hand-written: a bound of this model's own load function, which no library computes.
 """

@@ -136,11 +136,13 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     """A proven max-load bound (at least `lower`) from the DP on a relaxation with
     fewer states: senders of cost at most `light` dropped (every load can only fall),
     and the units then left with no sender, such as a decomposed batch norm's
-    per-channel ops, taken out of the walk as fluid work any device may take any part
-    of (the last layer's loads plus that work must fit k L). Every L at which no state
+    per-channel ops, taken out of the walk: homed on a walked neighbour's device unless
+    released, for what their senders must charge, into fluid work any device may take
+    any part of (`pooled_work`; the last layer's loads plus the fluid must fit k L).
+    Every L at which no state
     survives is out for the relaxation, so for every placement. The tests climb from
     `lower` in steps that double while they prove (the first RELAXED_FIRST_STEP of it)
-    and shrink fourfold when one does not (never past the middle of what is left): a
+    and shrink fourfold when one does not (never past RELAXED_REACH of what is left): a
     test that passes the state cap, runs past its pace, or finds a relaxed placement
     (no plan of the real problem) lowers the top, and a test stops at the cap, since
     it can then prove nothing. A test costs more the closer it lies to what the DP
