@@ -20,6 +20,10 @@ from placement.pooled_work import anchored_pools
 from placement.simulate import device_loads
 from placement.tasks import TaskGraph
 
+#: Units a moved run may hold: a pool may be most of a graph (Inception-V3's walk
+#: keeps 4 of 326 units), and its runs grow with its square.
+MAX_RUN = 16
+
 
 def pool_moves(tg: TaskGraph, num_devices: int, units: Sequence[Sequence[int]],
                group_device: np.ndarray, light: float, group_memory: np.ndarray,
@@ -45,8 +49,8 @@ def pool_moves(tg: TaskGraph, num_devices: int, units: Sequence[Sequence[int]],
     walked[[x for m, c in zip(members, cost.tolist()) if c > light for x in m]] = True
     dropped = [j for j, c in enumerate(cost.tolist()) if c <= light]
     pools, _ = anchored_pools(work, [members[j] for j in dropped], cost[dropped], walked)
-    runs = [list(pool.units[a:b + 1]) for pool in pools
-            for a in range(len(pool.units)) for b in range(a, len(pool.units))]
+    runs = [list(pool.units[a:b + 1]) for pool in pools for a in range(len(pool.units))
+            for b in range(a, min(a + MAX_RUN, len(pool.units)))]
     at: list[list[int]] = [[] for _ in range(len(units))]
     for j, m in enumerate(members):
         for x in m:
@@ -59,6 +63,8 @@ def pool_moves(tg: TaskGraph, num_devices: int, units: Sequence[Sequence[int]],
         improved = False
         top = float(loads.max())
         for run in runs:
+            if time.perf_counter() > deadline:
+                break
             if not (unit_device[run] == int(np.argmax(loads))).any():
                 continue
             for d in range(k):
