@@ -36,7 +36,7 @@ the joins between Inception's modules, its stem); pairs at most ANCHOR_SPAN anch
 apart, and every pair from the first anchor or to the last. On Inception-V3's paper
 preset on four V100s with four micro-batches a placement the relaxation's full model
 returned (88.4 ms by its own rows) gets 97.4 ms with these (pairs up to three apart
-give all of it; all pairs, 38,000 rows, no more): its stem and modules pass the
+give all of it; every pair of anchors gives no more): its stem and modules pass the
 micro-batches one at a time, which one head per task did not see.
 """
 
