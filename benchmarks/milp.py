@@ -3,9 +3,9 @@
     python -m benchmarks.milp [--exact] [--peer] [--step] [--scaling] [--presets]
         [--solvers highs,cbc,glpk] [--time-limit 60] [--graphs N] [--devices 2,4,8]
         [--objectives max-load,makespan] [--models biglstm,gnmt,inception_v3]
-        [--configs 2x1,2x4,4x1,4x4] [--placement-bounds]
+        [--configs 2x1,2x4,4x1,4x4] [--placement-bounds] [--t5]
 
-No flag runs all five tables (long: over an hour on a 2-core machine).
+No flag runs all six tables (long: over an hour on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -128,29 +128,15 @@ def presets(time_limit: float, models, configs=PRESET_CONFIGS,
     no order of that placement beats, so how much of the gap only another placement
     can close."""
     from orchestrator.profile import profile_model
-    from placement.heuristics import heft
-    from placement.policy import plan_worker
 
     print(f"\n(5) step time on the job models' paper presets (dgx1-v100), policy 'auto', "
           f"{time_limit:g} s limit")
-    print("| model | devices | K | tasks | HEFT | solver | status | value | bound | gap | s "
-          "| value/HEFT |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    _policy_header()
     own_bounds = []
     for model in models:
         graph = profile_model(model, preset="paper", target="v100")
         for k, micro in configs:
-            p = make_problem(graph, CLUSTER, PlanConfig(
-                num_devices=k, num_micro_batches=micro, time_limit_s=time_limit))
-            heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
-                                       k).step_time_s
-            plan = plan_worker(graph, CLUSTER, num_devices=k, num_micro_batches=micro,
-                               time_limit_s=time_limit)
-            ms = 1e3
-            print(f"| {model} | {k} | {micro} | {p.tg.num_tasks} | {heft_value * ms:.1f} | "
-                  f"{plan.solver} | {plan.status} | "
-                  f"{plan.value * ms:.1f} | {plan.lower_bound * ms:.1f} | {plan.gap:.2%} | "
-                  f"{plan.solve_seconds:.0f} | {plan.value / heft_value:.4f} |", flush=True)
+            p, plan = _policy_row(model, graph, k, micro, time_limit)
             if placement_bounds:
                 own_bounds.append(_own_bounds(model, p, plan))
     if own_bounds:
@@ -159,6 +145,32 @@ def presets(time_limit: float, models, configs=PRESET_CONFIGS,
         print("|---|---|---|---|---|---|---|---|")
         for row in own_bounds:
             print(row, flush=True)
+
+
+def _policy_header() -> None:
+    print("| model | devices | K | tasks | HEFT | solver | status | value | bound | gap | s "
+          "| value/HEFT |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _policy_row(model: str, graph: OpGraph, k: int, micro: int, time_limit: float):
+    """Print one row, the planning policy's plan for k devices and `micro`
+    micro-batches against HEFT, in ms; returns the problem and the plan."""
+    from placement.heuristics import heft
+    from placement.policy import plan_worker
+
+    p = make_problem(graph, CLUSTER, PlanConfig(
+        num_devices=k, num_micro_batches=micro, time_limit_s=time_limit))
+    heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
+                               k).step_time_s
+    plan = plan_worker(graph, CLUSTER, num_devices=k, num_micro_batches=micro,
+                       time_limit_s=time_limit)
+    ms = 1e3
+    print(f"| {model} | {k} | {micro} | {p.tg.num_tasks} | {heft_value * ms:.1f} | "
+          f"{plan.solver} | {plan.status} | "
+          f"{plan.value * ms:.1f} | {plan.lower_bound * ms:.1f} | {plan.gap:.2%} | "
+          f"{plan.solve_seconds:.0f} | {plan.value / heft_value:.4f} |", flush=True)
+    return p, plan
 
 
 def _own_bounds(model: str, p, plan) -> str:
@@ -173,6 +185,26 @@ def _own_bounds(model: str, p, plan) -> str:
     return (f"| {model} | {p.num_devices} | {p.tg.num_micro_batches} | {plan.value * ms:.1f} | "
             f"{plan.lower_bound * ms:.1f} | {plain * ms:.1f} | {ranked * ms:.1f} | "
             f"{time.perf_counter() - started:.0f} |")
+
+
+#: The (devices, micro-batches) of the T5 rows.
+T5_CONFIGS = ((2, 4), (4, 4))
+
+
+def t5_step_time(time_limit: float, configs=T5_CONFIGS) -> None:
+    """Step time on a model the planner was not tuned on: transformers T5 at T5-small's
+    sizes, batch 64, at the `aten` granularity (660 ops, 1,320 tasks per micro-batch;
+    `benchmarks.op_graphs`), planned as the presets are."""
+    from benchmarks.op_graphs import training_graph
+    from orchestrator.profile import profile_model
+
+    graph = training_graph(profile_model("benchmarks.op_graphs:t5", preset="paper",
+                                         target="v100", granularity="aten"))
+    print(f"\n(5b) step time on T5-small (aten, {len(graph.ops)} forward and backward ops, "
+          f"dgx1-v100), policy 'auto', {time_limit:g} s limit")
+    _policy_header()
+    for k, micro in configs:
+        _policy_row("t5", graph, k, micro, time_limit)
 
 
 def layered_dag(seed: int, num_ops: int, width: int = 8) -> OpGraph:
@@ -227,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scaling", action="store_true")
     ap.add_argument("--presets", action="store_true",
                     help="step time on the job models' paper presets (needs torch)")
+    ap.add_argument("--t5", action="store_true",
+                    help="step time on T5-small at the aten granularity (needs torch)")
     ap.add_argument("--models", default=",".join(JOB_MODELS), help="models for --presets")
     ap.add_argument("--configs", default=",".join(f"{k}x{m}" for k, m in PRESET_CONFIGS),
                     help="devices x micro-batches for --presets")
@@ -249,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--configs {args.configs}: give devices x micro-batches, e.g. 2x1,4x4")
     solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
     graphs = [g for g in TRAINING if args.only in g]
-    everything = not (args.exact or args.peer or args.step or args.scaling or args.presets)
+    everything = not (args.exact or args.peer or args.step or args.scaling or args.presets
+                      or args.t5)
     if args.exact or everything:
         exactness(solvers, args.graphs)
     if (args.peer or everything) and PEER.is_dir():
@@ -262,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
                 args.objectives.split(","))
     if args.presets or everything:
         presets(args.time_limit, args.models.split(","), configs, args.placement_bounds)
+    if args.t5 or everything:
+        t5_step_time(args.time_limit)
 
 
 if __name__ == "__main__":
