@@ -3,9 +3,9 @@
     python -m benchmarks.milp [--exact] [--peer] [--step] [--scaling] [--presets]
         [--solvers highs,cbc,glpk] [--time-limit 60] [--graphs N] [--devices 2,4,8]
         [--objectives max-load,makespan] [--models biglstm,gnmt,inception_v3]
-        [--configs 2x1,2x4,4x1,4x4]
+        [--configs 2x1,2x4,4x1,4x4] [--placement-bounds] [--t5]
 
-No flag runs all five tables (long: over an hour on a 2-core machine).
+No flag runs all six tables (long: over an hour on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -117,34 +117,94 @@ JOB_MODELS = ("biglstm", "gnmt", "inception_v3")
 PRESET_CONFIGS = ((2, 1), (2, 4), (4, 1), (4, 4))
 
 
-def presets(time_limit: float, models, configs=PRESET_CONFIGS) -> None:
+def presets(time_limit: float, models, configs=PRESET_CONFIGS,
+            placement_bounds: bool = False) -> None:
     """Step time on the paper presets of the job models (profiled for V100s on the meta
     device, as `orchestrator profile --preset paper --target v100` does), by the
     planning policy ('auto' = HiGHS) against HEFT; the solver column says who made the
-    plan (a heuristic + local search when the MILP found nothing better)."""
+    plan (a heuristic + local search when the MILP found nothing better). With
+    `placement_bounds`, a second table gives each plan's placement's own bound
+    (`placement.milp.rank_rows.placement_bound`, without and with the rank rows): what
+    no order of that placement beats, so how much of the gap only another placement
+    can close."""
     from orchestrator.profile import profile_model
-    from placement.heuristics import heft
-    from placement.policy import plan_worker
 
     print(f"\n(5) step time on the job models' paper presets (dgx1-v100), policy 'auto', "
           f"{time_limit:g} s limit")
-    print("| model | devices | K | tasks | HEFT | solver | status | value | bound | gap | s "
-          "| value/HEFT |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    _policy_header()
+    own_bounds = []
     for model in models:
         graph = profile_model(model, preset="paper", target="v100")
         for k, micro in configs:
-            p = make_problem(graph, CLUSTER, PlanConfig(
-                num_devices=k, num_micro_batches=micro, time_limit_s=time_limit))
-            heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
-                                       k).step_time_s
-            plan = plan_worker(graph, CLUSTER, num_devices=k, num_micro_batches=micro,
-                               time_limit_s=time_limit)
-            ms = 1e3
-            print(f"| {model} | {k} | {micro} | {p.tg.num_tasks} | {heft_value * ms:.1f} | "
-                  f"{plan.solver} | {plan.status} | "
-                  f"{plan.value * ms:.1f} | {plan.lower_bound * ms:.1f} | {plan.gap:.2%} | "
-                  f"{plan.solve_seconds:.0f} | {plan.value / heft_value:.4f} |", flush=True)
+            p, plan = _policy_row(model, graph, k, micro, time_limit)
+            if placement_bounds:
+                own_bounds.append(_own_bounds(model, p, plan))
+    if own_bounds:
+        print("\n| model | devices | K | value ms | bound ms | placement's bound ms | "
+              "+ rank rows ms | s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in own_bounds:
+            print(row, flush=True)
+
+
+def _policy_header() -> None:
+    print("| model | devices | K | tasks | HEFT | solver | status | value | bound | gap | s "
+          "| value/HEFT |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _policy_row(model: str, graph: OpGraph, k: int, micro: int, time_limit: float):
+    """Print one row, the planning policy's plan for k devices and `micro`
+    micro-batches against HEFT, in ms; returns the problem and the plan."""
+    from placement.heuristics import heft
+    from placement.policy import plan_worker
+
+    p = make_problem(graph, CLUSTER, PlanConfig(
+        num_devices=k, num_micro_batches=micro, time_limit_s=time_limit))
+    heft_value = list_schedule(p.tg, heft(p.tg, k, p.group_memory, p.memory_cap),
+                               k).step_time_s
+    plan = plan_worker(graph, CLUSTER, num_devices=k, num_micro_batches=micro,
+                       time_limit_s=time_limit)
+    ms = 1e3
+    print(f"| {model} | {k} | {micro} | {p.tg.num_tasks} | {heft_value * ms:.1f} | "
+          f"{plan.solver} | {plan.status} | "
+          f"{plan.value * ms:.1f} | {plan.lower_bound * ms:.1f} | {plan.gap:.2%} | "
+          f"{plan.solve_seconds:.0f} | {plan.value / heft_value:.4f} |", flush=True)
+    return p, plan
+
+
+def _own_bounds(model: str, p, plan) -> str:
+    """A table row: the plan's placement's own bound, without and with the rank rows."""
+    from placement.milp.rank_rows import placement_bound
+
+    group_device = p.tg.group_devices(plan.assignment)
+    started = time.perf_counter()
+    plain, ranked = (placement_bound(p, group_device, BACKENDS["highs"], 120, with_rank_rows=r)
+                     for r in (False, True))
+    ms = 1e3
+    return (f"| {model} | {p.num_devices} | {p.tg.num_micro_batches} | {plan.value * ms:.1f} | "
+            f"{plan.lower_bound * ms:.1f} | {plain * ms:.1f} | {ranked * ms:.1f} | "
+            f"{time.perf_counter() - started:.0f} |")
+
+
+#: The (devices, micro-batches) of the T5 rows.
+T5_CONFIGS = ((2, 4), (4, 4))
+
+
+def t5_step_time(time_limit: float, configs=T5_CONFIGS) -> None:
+    """Step time on a model the planner was not tuned on: transformers T5 at T5-small's
+    sizes, batch 64, at the `aten` granularity (660 ops, 1,320 tasks per micro-batch;
+    `benchmarks.op_graphs`), planned as the presets are."""
+    from benchmarks.op_graphs import training_graph
+    from orchestrator.profile import profile_model
+
+    graph = training_graph(profile_model("benchmarks.op_graphs:t5", preset="paper",
+                                         target="v100", granularity="aten"))
+    print(f"\n(5b) step time on T5-small (aten, {len(graph.ops)} forward and backward ops, "
+          f"dgx1-v100), policy 'auto', {time_limit:g} s limit")
+    _policy_header()
+    for k, micro in configs:
+        _policy_row("t5", graph, k, micro, time_limit)
 
 
 def layered_dag(seed: int, num_ops: int, width: int = 8) -> OpGraph:
@@ -199,9 +259,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scaling", action="store_true")
     ap.add_argument("--presets", action="store_true",
                     help="step time on the job models' paper presets (needs torch)")
+    ap.add_argument("--t5", action="store_true",
+                    help="step time on T5-small at the aten granularity (needs torch)")
     ap.add_argument("--models", default=",".join(JOB_MODELS), help="models for --presets")
     ap.add_argument("--configs", default=",".join(f"{k}x{m}" for k, m in PRESET_CONFIGS),
                     help="devices x micro-batches for --presets")
+    ap.add_argument("--placement-bounds", action="store_true",
+                    help="with --presets: each plan's placement's own bound")
     ap.add_argument("--objectives", default="max-load,makespan",
                     help="objectives for --scaling")
     ap.add_argument("--solvers", default="highs,cbc,glpk")
@@ -219,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--configs {args.configs}: give devices x micro-batches, e.g. 2x1,4x4")
     solvers = [s for s in args.solvers.split(",") if BACKENDS[s].is_available()]
     graphs = [g for g in TRAINING if args.only in g]
-    everything = not (args.exact or args.peer or args.step or args.scaling or args.presets)
+    everything = not (args.exact or args.peer or args.step or args.scaling or args.presets
+                      or args.t5)
     if args.exact or everything:
         exactness(solvers, args.graphs)
     if (args.peer or everything) and PEER.is_dir():
@@ -231,7 +296,9 @@ def main(argv: list[str] | None = None) -> None:
         scaling(solvers, args.time_limit, [int(x) for x in args.sizes.split(",")],
                 args.objectives.split(","))
     if args.presets or everything:
-        presets(args.time_limit, args.models.split(","), configs)
+        presets(args.time_limit, args.models.split(","), configs, args.placement_bounds)
+    if args.t5 or everything:
+        t5_step_time(args.time_limit)
 
 
 if __name__ == "__main__":

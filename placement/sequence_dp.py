@@ -255,8 +255,9 @@ class _Model:
         k, lim = self.k, bound * (1 + SLACK)
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
-        ahead = self.rest + 2 * suffix_charges(self.work, self.members, self.cost, bound)
         tied = tied_units(self.work, self.members, self.cost, k, lim, float(self.rest[0]))
+        ahead = self.rest + 2 * suffix_charges(self.work, self.members, self.cost, bound,
+                                               tied.joined(self.n))
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)

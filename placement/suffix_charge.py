@@ -35,8 +35,16 @@ P(e3) = C_{e+1}(e+1, e3) + F(e+2, e3) the pocket's own step (where the pocket is
 last unit, its term is the first's form). Each sender is still charged at most once,
 by its first member's segment, and only when cut. On decomposed ResNet-50's walked
 units (senders over 0.005 W/4, L = 1.08-1.15 W/4) this doubled T_0, 0.028 to 0.057
-W/4; a run of two one-unit pockets still escapes, and pockets of up to 3 units added
-nothing there.
+W/4; a run of two one-unit pockets still escapes there. A pocket of POCKET_UNITS
+units at most is read the same way (Y = e+1..e+size): on core-aten BERT-12 a
+two-unit Y of 0.0005 W/4 between two segments of a device's work each made the
+layer's output free at each cut, and T_0 at L = 1.041 W/4 reads 0.0265 W/4 with
+one-unit pockets, 0.0451 with two-unit ones (decomposed BERT-12: 0.0248 -> 0.0366;
+pockets of 3-6 units add nothing there nor on decomposed ResNet-50).
+
+*Ties*: units that every placement within L keeps on one device (`tied_units`) never
+lie in two adjacent segments, so no segment ends between two such units next to each
+other (`joined`; on BERT-12 the loss head's units, tied to the embedding: 0.0456).
 Hand-written: a bound of this model's own load function, which no library computes.
 """
 
@@ -49,12 +57,17 @@ import numpy as np
 
 #: Relative slack on the segment work limit, so rounding never rejects a real plan.
 SLACK = 1e-9
+#: Segments of up to this many units are read as pockets.
+POCKET_UNITS = 2
 
 
 def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
-                   cost: np.ndarray, bound: float) -> np.ndarray:
+                   cost: np.ndarray, bound: float,
+                   joined: np.ndarray | None = None) -> np.ndarray:
     """T_j(bound) for j = 0..n (T_n = 0; inf where no reading fits: a unit heavier
-    than `bound`). `members`: per sender its units, sorted; `cost`: per sender."""
+    than `bound`). `members`: per sender its units, sorted; `cost`: per sender.
+    `joined[e]`: units e and e+1 share a device in every placement within `bound`
+    (`tied_units`), so no segment ends at e."""
     n = len(work)
     prefix = np.concatenate([[0.0], np.cumsum(work)])
     limit = bound * (1 + SLACK)
@@ -63,22 +76,28 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
     width = int((np.maximum(last, np.arange(n)) - np.arange(n)).max(initial=0)) + 1
     spans = _spans(members, cost, n, width)
     best = np.full((n + 1, width), math.inf)  # best[s, e - s] = F(s, e)
-    pocket = np.full((n + 1, width), math.inf)  # pocket[y, x]: P(y + 1 + x), pocket y
+    # pocket[size, y, x]: P of the pocket y..y+size-1 and a segment after it of x + 1
+    # units.
+    pocket = np.full((POCKET_UNITS + 1, n + 1, width), math.inf)
     charges = np.full(n + 1, math.inf)
     charges[n] = 0.0
     for e in range(n - 1, -1, -1):
         starts = np.arange(max(0, e - width + 1), e + 1)
-        ok = fits[starts] & (last[starts] >= e)
+        ok = fits[starts] & (last[starts] >= e) & (joined is None or not joined[e])
         if e == n - 1:
             values = np.zeros(len(starts))
         else:
             ends = min(n - 1, e + width) - e  # next segments e+1..e+1+x, x < ends
             grid = _charge_grid(spans[e], starts[0], len(starts), e, ends + 1)
             step = grid[:, :ends] + best[e + 1, :ends][None, :]
-            pocket[e, :ends] = step[-1] if fits[e] else math.inf
-            values = step[:, 1:].min(axis=1, initial=math.inf)
-            values = np.minimum(values, step[:, 0] if e + 1 == n - 1 else _around_pocket(
-                grid, pocket[e + 1], prefix, starts, e, limit))
+            for size in range(1, min(POCKET_UNITS, len(starts)) + 1):
+                if ok[-size]:
+                    pocket[size, e - size + 1, :ends] = step[-size]
+            values = step[:, POCKET_UNITS:].min(axis=1, initial=math.inf)
+            for size in range(1, min(POCKET_UNITS, ends) + 1):
+                values = np.minimum(values, step[:, size - 1] if e + size == n - 1 else
+                                    _around_pocket(grid, pocket[size, e + 1], prefix,
+                                                   starts, e, size, limit))
         best[starts, e - starts] = np.where(ok, values, math.inf)
     charges[:n] = best[:n].min(axis=1)
     return charges
@@ -95,15 +114,16 @@ def _charge_grid(span, s0: int, rows: int, e: int, cols: int) -> np.ndarray:
 
 
 def _around_pocket(grid: np.ndarray, pocket: np.ndarray, prefix: np.ndarray,
-                   starts: np.ndarray, e: int, limit: float) -> np.ndarray:
-    """Per segment start s: the least charge of s..e followed by the pocket e+1 and a
-    segment e+2..e3, charging what goes around the pocket where the two segments'
-    work passes the limit."""
-    z = np.arange(min(len(pocket), grid.shape[1] - 1, len(prefix) - 3 - e))
-    around = grid[:, 1 + z] - grid[:, :1]
+                   starts: np.ndarray, e: int, size: int, limit: float) -> np.ndarray:
+    """Per segment start s: the least charge of s..e followed by the pocket
+    e+1..e+size and a segment e+size+1..e3, charging what goes around the pocket
+    where the two segments' work passes the limit."""
+    z = np.arange(min(len(pocket), grid.shape[1] - size, len(prefix) - 2 - e - size))
+    into = grid[:, size - 1:size]
+    around = grid[:, size + z] - into
     apart = ((prefix[e + 1] - prefix[starts])[:, None]
-             + (prefix[e + 3 + z] - prefix[e + 2])[None, :]) > limit
-    return (grid[:, :1] + np.where(apart, around, 0.0) + pocket[None, z]).min(
+             + (prefix[e + size + 2 + z] - prefix[e + size + 1])[None, :]) > limit
+    return (into + np.where(apart, around, 0.0) + pocket[None, z]).min(
         axis=1, initial=math.inf)
 
 

@@ -260,3 +260,18 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
         edge_src=edge_src, edge_dst=edge_dst, edge_transfer_s=edge_cost,
         send_s=send, num_micro_batches=k, corun_slowdown=corun_slowdown,
     )
+
+
+def one_micro_batch(tg: TaskGraph) -> TaskGraph:
+    """The tasks of micro-batch 0 (build_tasks lays the step out micro-batch by
+    micro-batch, each a copy of the first at the same times and transfers)."""
+    k = tg.num_micro_batches
+    n = tg.num_tasks // k
+    keep = tg.edge_src < n
+    assert (tg.edge_dst[keep] < n).all() and keep.sum() * k == len(tg.edge_src), (
+        "micro-batches are copies without edges between them")
+    return TaskGraph(graph=tg.graph, tasks=tg.tasks[:n], duration_s=tg.duration_s[:n],
+                     group=tg.group[:n], group_ops=tg.group_ops,
+                     edge_src=tg.edge_src[keep], edge_dst=tg.edge_dst[keep],
+                     edge_transfer_s=tg.edge_transfer_s[keep], send_s=tg.send_s[:n],
+                     num_micro_batches=1)

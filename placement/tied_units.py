@@ -12,7 +12,8 @@ work must follow at the end.
 
 The sequence DP (`sequence_dp._Model._forced_fit`) uses the components: a device that
 holds a placed unit of a component must still find room for the component's units not
-yet placed.
+yet placed, and its suffix charge (`suffix_charge.suffix_charges`) reads no segment
+ending between two neighbouring units of one component.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ class TiedUnits:
         units = self.units[component]
         return float(self.work_from[component][np.searchsorted(units, position,
                                                                side="right")])
+
+    def joined(self, n: int) -> np.ndarray:
+        """Per unit e of n: whether units e and e+1 lie in one component (share a
+        device), so that no run of a placement within the bound ends at e."""
+        out = np.zeros(n, dtype=bool)
+        for units in self.units:
+            out[units[:-1][np.diff(units) == 1]] = True
+        return out
 
 
 def tied_units(work: np.ndarray, members: Sequence[Sequence[int]], cost: np.ndarray,

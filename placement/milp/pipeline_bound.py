@@ -47,7 +47,7 @@ from placement.milp.incumbent import Incumbent, run_checked
 from placement.milp.max_load import add_memory_and_symmetry, start_assignment, unit_devices
 from placement.problem import Problem
 from placement.step_bound import heads_tails
-from placement.tasks import TaskGraph
+from placement.tasks import TaskGraph, one_micro_batch
 
 #: Most energy pairs (a, b) per device the model carries, the strongest by their static
 #: value (each is one row per device over the groups), and most terms in all their rows.
@@ -81,21 +81,6 @@ class RelaxationData:
     weights: np.ndarray
     """Per pair and group: w_g(a, b), one micro-batch's time."""
     scale: float
-
-
-def one_micro_batch(tg: TaskGraph) -> TaskGraph:
-    """The tasks of micro-batch 0 (build_tasks lays the step out micro-batch by
-    micro-batch, each a copy of the first at the same times and transfers)."""
-    k = tg.num_micro_batches
-    n = tg.num_tasks // k
-    keep = tg.edge_src < n
-    assert (tg.edge_dst[keep] < n).all() and keep.sum() * k == len(tg.edge_src), (
-        "micro-batches are copies without edges between them")
-    return TaskGraph(graph=tg.graph, tasks=tg.tasks[:n], duration_s=tg.duration_s[:n],
-                     group=tg.group[:n], group_ops=tg.group_ops,
-                     edge_src=tg.edge_src[keep], edge_dst=tg.edge_dst[keep],
-                     edge_transfer_s=tg.edge_transfer_s[keep], send_s=tg.send_s[:n],
-                     num_micro_batches=1)
 
 
 def reach_or_self(tg: TaskGraph) -> np.ndarray:
