@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from placement.ideal_dp import merged_senders
+from placement.pooled_work import Pool, anchored_pools, releases
 from placement.suffix_charge import suffix_charges
 from placement.tasks import TaskGraph
 from placement.tied_units import TiedUnits, tied_units
@@ -69,6 +70,10 @@ PACE_LAYERS = 8
 #: first step up from the bound it starts from, as a share of that bound.
 BOUND_RESOLUTION = 1e-4
 RELAXED_FIRST_STEP = 0.005
+#: ... and the most of what is left between its bound and its top that one step
+#: takes: a test above what the relaxation can prove walks every layer (8.6 s on
+#: decomposed ResNet-50 at 1.137 W/4 under load 4), one below it stops early (1-2 s).
+RELAXED_REACH = 0.25
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,15 +131,18 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
 
 def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
                   lower: float, upper: float, light: float, deadline: float = math.inf,
-                  max_states: int = MAX_STATES, merge: float = 0.0) -> float:
+                  max_states: int = MAX_STATES, merge: float = 0.0,
+                  max_merge: float = 0.0) -> float:
     """A proven max-load bound (at least `lower`) from the DP on a relaxation with
     fewer states: senders of cost at most `light` dropped (every load can only fall),
     and the units then left with no sender, such as a decomposed batch norm's
-    per-channel ops, taken out of the walk as fluid work any device may take any part
-    of (the last layer's loads plus that work must fit k L). Every L at which no state
+    per-channel ops, taken out of the walk: homed on a walked neighbour's device unless
+    released, for what their senders must charge, into fluid work any device may take
+    any part of (`pooled_work`; the last layer's loads plus the fluid must fit k L).
+    Every L at which no state
     survives is out for the relaxation, so for every placement. The tests climb from
     `lower` in steps that double while they prove (the first RELAXED_FIRST_STEP of it)
-    and shrink fourfold when one does not (never past the middle of what is left): a
+    and shrink fourfold when one does not (never past RELAXED_REACH of what is left): a
     test that passes the state cap, runs past its pace, or finds a relaxed placement
     (no plan of the real problem) lowers the top, and a test stops at the cap, since
     it can then prove nothing. A test costs more the closer it lies to what the DP
@@ -143,17 +151,24 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     test spent 13 of 23 s on one test that failed its pace there. On decomposed
     ResNet-50 the exact DP passes the state cap in the batch norms' pockets; the
     relaxation walks a third of the units.
-    `merge` > 0 relaxes each layer further (`_merge_close`, cells of that width)."""
+    `merge` > 0 relaxes each layer further (`_merge_close`, cells of that width); a
+    test that passes the state cap or its pace is run again, and the tests after it,
+    with cells of `max_merge` (wider cells prove a little less but keep far fewer
+    states: on decomposed ResNet-50 a test at 1.12 W/4 passes the cap with cells of
+    0.005 W/4 and proves in 1 s with 0.02; doubling the cells instead spent 2 s more
+    on tests at 0.01 that failed too)."""
     if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
         return lower
     model = _Model(tg, units, num_devices, light)
     lo, hi, step = lower, upper, RELAXED_FIRST_STEP * lower
     while hi - lo > BOUND_RESOLUTION * hi and time.perf_counter() < deadline:
-        probe = min(lo + max(step, BOUND_RESOLUTION * hi), 0.5 * (lo + hi))
+        probe = min(lo + max(step, BOUND_RESOLUTION * hi), lo + RELAXED_REACH * (hi - lo))
         found, proven, finished = model.placement_within(probe, deadline, max_states,
                                                          proof_only=True, merge=merge)
         if found is None and proven and finished:
             lo, step = probe, 2 * step
+        elif found is None and 0 < merge < max_merge:
+            merge = max_merge  # past the state cap or its pace: the same test, wider cells
         else:
             hi, step = probe, step / 4  # no proof at or above this L
     return lo
@@ -184,18 +199,43 @@ class _Model:
         position[walked] = np.arange(len(walked))
         self.k, self.n = k, len(walked)
         self.work = work[walked]
-        self.fluid = float(work.sum() - self.work.sum())
-        """Work of the units the walk skips (none unless relaxed), placed as a fluid."""
         self.members = [position[list(m)].tolist() for m in kept]
-        self.cost = np.array(list(kept.values()), dtype=float)
+        costs = list(kept.values())
+        is_walked = np.zeros(len(units), dtype=bool)
+        is_walked[walked] = True
+        dropped = [m for m in cost_of if m not in kept]
+        pools, self.fluid = anchored_pools(work, dropped, [cost_of[m] for m in dropped],
+                                           is_walked)
+        """Work of the pooled units with no anchor, placed as a fluid."""
+        self.home = np.zeros(self.n)
+        """Per walked unit: the pooled work homed on it (`pooled_work`), on its device
+        unless released."""
+        homed: dict[int, list[tuple[int | None, Pool]]] = {}
+        for pool in pools:
+            # Homed on its last anchor, where a sender of no cost over its anchors
+            # tells whether they all share the home's device.
+            at = position[list(pool.anchors)].tolist()
+            together = None
+            if len(at) > 1:
+                together = len(self.members)
+                self.members.append(at)
+                costs.append(0.0)
+            homed.setdefault(at[-1], []).append((together, pool))
+            self.home[at[-1]] += pool.work
+        self.releases = {i: ([j for j, _ in mine], _release_table(mine))
+                         for i, mine in homed.items()}
+        """Per home: its pools' zero-cost senders (None: one anchor) and per pattern
+        of which pools' anchors share the home's device, its releases."""
+        self.cost = np.array(costs, dtype=float)
         self.at: list[list[int]] = [[] for _ in range(self.n)]
         for j, m in enumerate(self.members):
             for x in m:
                 self.at[x].append(j)
-        self.rest = np.concatenate([np.cumsum(self.work[::-1])[::-1], [0.0]]) + self.fluid
+        walk = self.work + self.home
+        self.rest = np.concatenate([np.cumsum(walk[::-1])[::-1], [0.0]]) + self.fluid
 
     def max_load(self, unit_device: np.ndarray) -> float:
-        loads = np.bincount(unit_device, weights=self.work, minlength=self.k)
+        loads = np.bincount(unit_device, weights=self.work + self.home, minlength=self.k)
         for m, c in zip(self.members, self.cost.tolist()):
             held = np.unique(unit_device[m])
             if len(held) > 1:
@@ -221,6 +261,7 @@ class _Model:
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
+        debt = np.zeros(1)  # per state: released pooled work and its charges
         open_ids: list[int] = []
         trail = []  # per layer: (parent, device in the parent's labels, relabelling)
         proven = True
@@ -238,15 +279,23 @@ class _Model:
             new_masks = np.concatenate([p[1] for p in parts])
             parent = np.concatenate([np.arange(len(loads))] * k)
             device = np.repeat(np.arange(k), len(loads))
-            slack = k * lim - new_loads.sum(axis=1) - ahead[i + 1]
+            new_debt = np.concatenate([debt] * k)
+            if i in self.releases:
+                new_loads, new_masks, new_debt, parent, device = self._with_releases(
+                    i, masks, col, new_loads, new_masks, new_debt, parent, device)
+            slack = k * lim - new_loads.sum(axis=1) - new_debt - ahead[i + 1]
             keep = ((new_loads.max(axis=1) <= lim) & (slack >= 0)
                     & self._forced_fit(new_loads, new_masks, new_open, i, slack, lim,
                                        tied))
             if not keep.any():
                 return None, proven, True
-            new_loads, new_masks = new_loads[keep], new_masks[keep]
+            new_loads, new_masks, new_debt = new_loads[keep], new_masks[keep], new_debt[keep]
             parent, device = parent[keep], device[keep]
             new_loads, new_masks, perm = _canonical(new_loads, new_masks, k, lim)
+            # The debt enters every later check through the loads' sum only, so a state
+            # is compared by its loads and that sum with the debt (one more column).
+            new_loads = np.concatenate(
+                [new_loads, (new_loads.sum(axis=1) + new_debt)[:, None]], axis=1)
             if merge > 0:
                 rep, new_loads = _merge_close(new_loads, new_masks, merge)
                 new_masks, parent, device, perm = (new_masks[rep], parent[rep],
@@ -256,13 +305,37 @@ class _Model:
                 if proof_only:
                     return None, False, True
                 proven = False
-                chosen = chosen[np.lexsort((new_loads[chosen].max(axis=1),
+                chosen = chosen[np.lexsort((new_loads[chosen, :k].max(axis=1),
                                             new_loads[chosen].sum(axis=1)))[:max_states]]
-            loads, masks = new_loads[chosen], new_masks[chosen]
+            loads, masks = new_loads[chosen, :k], new_masks[chosen]
+            debt = new_loads[chosen, k] - loads.sum(axis=1)
             trail.append((parent[chosen], device[chosen], perm[chosen]))
             open_ids = new_open
             layer_ends.append(time.perf_counter())
         return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven, True
+
+    def _with_releases(self, i, masks, col, loads, new_masks, debt, parent, device):
+        """The states with each release of unit i's pooled work (`pooled_work`): those
+        of the pattern of which of its pools' anchors share its device (`masks`: the
+        parents' sets, by `col`)."""
+        senders, (work, home_charge, charge) = self.releases[i]
+        pattern = np.zeros(len(loads), dtype=np.int64)
+        for q, j in enumerate(senders):
+            joined = (np.ones(len(loads), dtype=bool) if j is None
+                      else masks[parent, col[j]] == 1 << device)
+            pattern |= joined.astype(np.int64) << q
+        rows, home = np.arange(len(loads)), float(self.home[i])
+        all_loads, all_debt = [], []
+        for t in range(work.shape[1]):
+            placed = loads.copy()
+            placed[rows, device] += home - work[pattern, t] + home_charge[pattern, t]
+            all_loads.append(placed)
+            all_debt.append(debt + work[pattern, t] + charge[pattern, t]
+                            - home_charge[pattern, t])
+        copies = len(all_loads)
+        return (np.concatenate(all_loads), np.concatenate([new_masks] * copies),
+                np.concatenate(all_debt), np.concatenate([parent] * copies),
+                np.concatenate([device] * copies))
 
     def _forced_fit(self, loads, masks, open_ids, i, slack, lim,
                     tied: TiedUnits | None = None) -> np.ndarray:
@@ -321,6 +394,20 @@ class _Model:
             to_final = to_final[perm[s]]
             s = parent[s]
         return unit_device
+
+
+def _release_table(pools: list[tuple[int | None, Pool]]) -> tuple[np.ndarray, ...]:
+    """(work, charge on the home's device, charge in all)[pattern, t]: the releases
+    of pools homed on one unit, per pattern (bit q: pool q's anchors share the home's
+    device), each pattern's list padded with its last release."""
+    table = [releases([pool for _, pool in pools],
+                      [bool(pattern >> q & 1) or j is None
+                       for q, (j, _) in enumerate(pools)])
+             for pattern in range(1 << len(pools))]
+    width = max(len(options) for options in table)
+    padded = np.array([options + options[-1:] * (width - len(options))
+                       for options in table]).reshape(len(table), width, 3)
+    return padded[:, :, 0], padded[:, :, 1], padded[:, :, 2]
 
 
 def _open_components(tied: TiedUnits | None, open_ids: list[int],
