@@ -90,6 +90,8 @@ class BlockBound:
     spans: tuple[tuple[int, int, float], ...]
     """(a, b, s): in every plan, start(b) - start(a) >= s; a = -1 measures from time 0,
     b = -1 to the end of the step. Valid inequalities for the step-time MILP."""
+    block_values: tuple[float, ...] = ()
+    """Per block of `blocks(tg)`: the bound on its least step time alone."""
 
 
 def block_bound(tg: TaskGraph, num_devices: int,
@@ -115,7 +117,7 @@ def block_bound(tg: TaskGraph, num_devices: int,
     spans = tuple((ts[0] if i else -1, ts[-1] if i < len(parts) - 1 else -1,
                    float(lb - dur[ts[-1]] if i < len(parts) - 1 else lb))
                   for i, (lb, ts) in enumerate(zip(lower, parts)))
-    return BlockBound(float(sum(s for _, _, s in spans)), spans)
+    return BlockBound(float(sum(s for _, _, s in spans)), spans, tuple(lower))
 
 
 def _signature(s: TaskGraph) -> bytes:
