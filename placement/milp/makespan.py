@@ -119,8 +119,10 @@ BLOCK_SHARE = 0.2
 #: holds them all; the layered DAGs' largest 20-55%, Inception-V3's 34%) the parts'
 #: search is the whole graph's, and the order search of the runners-up after it found
 #: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
-#: 363.0): ONE_PART_SHARE.
-DECOMPOSE_SHARE = 0.8
+#: 363.0): ONE_PART_SHARE. With 0.9, and no whole-graph search after a plan of
+#: several parts (it gained nothing on the layered DAGs, 7 s at 1,000 ops, nor on
+#: Inception-V3's rows of table 5), the order search keeps about its 2 s.
+DECOMPOSE_SHARE = 0.9
 ONE_PART = 0.75
 ONE_PART_SHARE = 0.5
 #: Share of the time left that the order search on the best placement
@@ -511,11 +513,15 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # The blocks' bound first: the decomposition's parts take half the time left,
     # which cut inception_v3 2x1's bound from 204.5 to 203.6 when the blocks came after.
     blocks = block_round(problem, backend, incumbent, deadline)
-    if tg.num_micro_batches == 1:
-        decompose_round(problem, incumbent, deadline)
+    # After a plan from several parts the whole graph's search gains 0.0-0.3% in a
+    # minute (a move costs a simulation of the whole graph), so its time went to the
+    # parts (DECOMPOSE_SHARE).
+    parts_placed = tg.num_micro_batches == 1 and decompose_round(problem, incumbent,
+                                                                 deadline)
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
-    refine(REFINE_SHARE)
+    if not parts_placed:
+        refine(REFINE_SHARE)
     if tg.corun_slowdown > 1:
         incumbent.notes.append(
             f"the step-time MILP leaves out the x{tg.corun_slowdown:.3g} co-run slowdown "
@@ -546,7 +552,8 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
                                         unit_of_group, clusters, label, round_deadline,
                                         blocks.spans)
     if status != "optimal":
-        refine(ORDER_REFINE_SHARE)
+        if not parts_placed:
+            refine(ORDER_REFINE_SHARE)
         order_search_round(problem, incumbent, deadline, rng,
                            [(gd, schedule_of(gd)) for gd in leaders.placements()])
         if worth_a_round(problem, deadline):
@@ -583,12 +590,13 @@ def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justif
     return (schedule.step_time_s, float(_last_finishes(schedule, k).sum())), list(groups)
 
 
-def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
+def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> bool:
     """Offer the placement assembled from the parts between articulation tasks
     (`placement.milp.decompose`), each part placed from its HEFT starts
     (`block_starts`) by chain sweeps and kicks under its own simulation, within
     DECOMPOSE_SHARE of the time left (ONE_PART_SHARE where one part is nearly the whole
-    graph); one micro-batch only (with several no task is an articulation task)."""
+    graph); one micro-batch only (with several no task is an articulation task).
+    Returns whether a placement of several parts became the incumbent."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
     one_part = largest_part(tg) >= ONE_PART * tg.num_tasks
@@ -621,15 +629,15 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
 
     gd = decomposed_placement(tg, k, until, place_part)
     if gd is None:
-        return
+        return False
     used = np.bincount(gd, weights=problem.group_memory, minlength=k)
     if used.max() > problem.memory_cap * (1 + 1e-9):
         incumbent.notes.append("the block decomposition's placement breaks the memory "
                                "cap; not offered")
-        return
+        return False
     schedule = _schedule(tg, gd, k, 0.0, True)
-    incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
-                    [list(ts) for ts in schedule.order])
+    return incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
+                           [list(ts) for ts in schedule.order]) and not one_part
 
 
 def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
