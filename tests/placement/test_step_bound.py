@@ -36,8 +36,10 @@ def test_the_bound_is_at_most_the_brute_force_optimum(seed):
 def test_no_placement_beats_the_bound(seed, num_ops, k, micro):
     p = problem(random_dag(seed, num_ops), k, "makespan", num_micro_batches=micro)
     group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
-    assert list_schedule(p.tg, group_device, k).step_time_s >= (
-        step_time_bound(p.tg, k) - 1e-9)
+    lower = step_time_bound(p.tg, k)
+    # The energetic check only from a small graph's bound (its time is cubic).
+    bound = energetic_bound(p.tg, k, lower) if p.tg.num_tasks <= 80 else lower
+    assert list_schedule(p.tg, group_device, k).step_time_s >= bound - 1e-9
 
 
 def test_work_that_must_wait_raises_the_bound():
@@ -117,16 +119,6 @@ def test_the_energetic_bound_holds_with_two_micro_batches(seed):
     p = problem(training_dag(seed, 3 + seed % 3), 2, "makespan", num_micro_batches=2)
     lower = step_time_bound(p.tg, 2)
     assert energetic_bound(p.tg, 2, lower) <= search_step_time(p.tg, 2) + 1e-9
-
-
-@settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), num_ops=st.integers(1, 25), k=st.integers(1, 4),
-       micro=st.integers(1, 3))
-def test_no_placement_beats_the_energetic_bound(seed, num_ops, k, micro):
-    p = problem(random_dag(seed, num_ops), k, "makespan", num_micro_batches=micro)
-    group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
-    assert list_schedule(p.tg, group_device, k).step_time_s >= (
-        energetic_bound(p.tg, k, step_time_bound(p.tg, k)) - 1e-9)
 
 
 @pytest.mark.parametrize("seed", [6, 18, 19])
