@@ -22,7 +22,6 @@ first, while the step time falls.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -32,6 +31,7 @@ from placement.simulate import (
     DeviceTimeline,
     OrderError,
     Schedule,
+    ready_time,
     critical_chain,
     evaluate_order,
     order_by_start,
@@ -231,18 +231,17 @@ def justified(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
               schedule: Schedule) -> Schedule:
     """The better of `schedule` and its justifications (see the module docstring) for
     the same placement: never worse than `schedule`."""
-    reverse = dataclasses.replace(tg, edge_src=tg.edge_dst, edge_dst=tg.edge_src)
     dev = tg.task_devices(group_device)
-    position = np.empty(tg.num_tasks, dtype=np.int64)
-    position[list(tg.topological_order)] = np.arange(tg.num_tasks)
+    position = tg.topological_position
     best = schedule
     for _ in range(JUSTIFY_ROUNDS):
-        # Latest finish first is a topological order of the reversed graph.
+        # Latest finish first is a topological order of the reversed graph, whose
+        # inputs are the graph's outputs.
         _, back_finish = _insertion_schedule(
-            reverse, dev, num_devices, np.lexsort((-position, -best.finish_s)).tolist())
+            tg, tg.successors, dev, num_devices, np.lexsort((-position, -best.finish_s)))
         latest_start = back_finish.max(initial=0.0) - back_finish
         start, finish = _insertion_schedule(
-            tg, dev, num_devices, np.lexsort((position, latest_start)).tolist())
+            tg, tg.predecessors, dev, num_devices, np.lexsort((position, latest_start)))
         candidate = evaluate_order(tg, group_device,
                                    order_by_start(tg, dev, start, finish, num_devices))
         if candidate.step_time_s >= best.step_time_s * (1 - 1e-12):
@@ -251,20 +250,24 @@ def justified(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
     return best
 
 
-def _insertion_schedule(tg: TaskGraph, dev: np.ndarray, num_devices: int,
-                        priority: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Start and finish times when the tasks, in `priority` (a topological order), each
-    take the earliest gap of their device that their inputs allow."""
+def _insertion_schedule(tg: TaskGraph, inputs, dev: np.ndarray, num_devices: int,
+                        priority: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and finish times when the tasks, in `priority` (a topological order of
+    the graph whose per-task `inputs` are (task, transfer) pairs: `tg`'s predecessors,
+    or its successors for the reversed graph), each take the earliest gap of their
+    device that their inputs allow."""
     timelines = [DeviceTimeline() for _ in range(num_devices)]
-    start = np.zeros(tg.num_tasks)
-    finish = np.zeros(tg.num_tasks)
-    for t in priority:
-        ready = max((finish[p] + (c if dev[p] != dev[t] else 0.0)
-                     for p, c in tg.predecessors[t]), default=0.0)
-        start[t] = timelines[dev[t]].earliest_start(ready, tg.duration_s[t])
-        finish[t] = start[t] + tg.duration_s[t]
-        timelines[dev[t]].insert(start[t], finish[t])
-    return start, finish
+    on_device = dev.tolist()
+    duration = tg.duration_list
+    start = [0.0] * tg.num_tasks
+    finish = [0.0] * tg.num_tasks
+    for t in priority.tolist():
+        here = on_device[t]
+        ready = ready_time(t, here, inputs, on_device, finish)
+        s = start[t] = timelines[here].earliest_start(ready, duration[t])
+        end = finish[t] = s + duration[t]
+        timelines[here].insert(s, end)
+    return np.array(start), np.array(finish)
 
 
 class Leaders:

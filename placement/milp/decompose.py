@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from networkx.utils import UnionFind
@@ -32,7 +32,11 @@ from placement.tasks import TaskGraph
 #: Fewest blocks worth decomposing: with one or two the parts are the whole graph.
 MIN_BLOCKS = 3
 #: A part's share of the time grows with its task count to this power (`part_weight`).
-PART_TIME_POWER = 2.0
+#: With the simulator's list loops (fd42c90) a move costs a third of what it did, and
+#: the largest parts' searches stall within their share: with 1.5 instead of 2 the
+#: parts of the layered DAGs reached 2,805 against 2,818 (500 ops) and 5,730 against
+#: 5,744 (1,000 ops), the means of two runs each at load 4-5.
+PART_TIME_POWER = 1.5
 #: Scales of the transfer times under which `block_starts` runs HEFT.
 START_TRANSFER_SCALES = (0.5, 1.0, 2.0)
 
@@ -100,6 +104,52 @@ def decomposed_placement(tg: TaskGraph, num_devices: int, deadline: float,
     return group_device
 
 
+def part_gain(tg: TaskGraph, block_values: Sequence[float],
+              part_optimum: Callable[[TaskGraph, float], float]) -> float:
+    """How much the parts lift the blocks' bound (`block_bound`, whose per-block
+    bounds are `block_values`): in any plan a part's blocks, cut out of it and moved
+    up to run back to back, are a plan of the part's chained graph (the link edges
+    cost nothing, and the tasks between the blocks only took device time), so the
+    blocks' spans add up to at least the chained graph's least step time, plus the
+    articulation task two adjacent blocks share (their spans both hold it). That
+    sees what no block alone does: a forward block and its backward block on one
+    placement. `part_optimum(part_graph, lower)` bounds a part's least step time from
+    a known bound, as `block_bound`'s `block_optimum`; smallest part first."""
+    block_tasks = blocks(tg)
+    gain = 0.0
+    chained = [(_free_crossings(*chained_graph(tg, block_tasks, part),
+                                [block_tasks[i] for i in part]), part)
+               for part in parts_of(tg, block_tasks) if len(part) > 1]
+    for sub, part in sorted(chained, key=lambda c: c[0].num_tasks):
+        shared = sum(float(tg.duration_s[block_tasks[a][-1]])
+                     for a, b in zip(part, part[1:])
+                     if block_tasks[a][-1] == block_tasks[b][0])
+        lower = sum(block_values[i] for i in part) - shared
+        gain += max(0.0, part_optimum(sub, lower) - lower)
+    return gain
+
+
+def _free_crossings(sub: TaskGraph, tasks: list[int], part_blocks: list[list[int]]
+                    ) -> TaskGraph:
+    """`sub` with no transfer on its edges from one block to a later one: moved up,
+    a later block starts when the one before it ends, which may be sooner than such
+    an edge's transfer allows (in an unrolled training graph these are the edges from
+    an op's forward to its own backward, free already)."""
+    # Blocks of the part holding each task: one, or two consecutive ones for the
+    # articulation task two adjacent blocks share.
+    first = np.full(sub.num_tasks, len(part_blocks), dtype=np.int64)
+    last = np.full(sub.num_tasks, -1, dtype=np.int64)
+    index = {t: i for i, t in enumerate(tasks)}
+    for b, ts in enumerate(part_blocks):
+        local = [index[t] for t in ts]
+        first[local] = np.minimum(first[local], b)
+        last[local] = np.maximum(last[local], b)
+    u, v = sub.edge_src, sub.edge_dst
+    within = (first[u] <= last[v]) & (first[v] <= last[u])
+    return dataclasses.replace(sub, edge_transfer_s=np.where(within, sub.edge_transfer_s,
+                                                             0.0))
+
+
 def largest_part(tg: TaskGraph) -> int:
     """Tasks in the largest part (all of them when the graph has fewer than MIN_BLOCKS
     blocks)."""
@@ -114,7 +164,7 @@ def part_weight(sub: TaskGraph) -> float:
     """A part's claim on the search's time: a move's simulation costs time in its task
     count, and a round of moves needs a number of simulations in it too. By task count
     alone the 1,000-op layered DAG's largest part (404 tasks) got 5 s, less than one
-    round of its moves."""
+    round of its moves (before fd42c90, at three times the cost of a move)."""
     return float(sub.num_tasks) ** PART_TIME_POWER
 
 

@@ -52,7 +52,7 @@ from placement.coarsen import chain_clusters, contract, interval_clusters
 from placement.ideal_dp import join_roots, side_inputs
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.block_bound import BlockBound, block_bound
-from placement.milp.decompose import decomposed_placement, largest_part
+from placement.milp.decompose import decomposed_placement, largest_part, part_gain
 from placement.milp.energy_relaxation import solve_energy_relaxation
 from placement.milp.incumbent import (
     Incumbent,
@@ -122,8 +122,10 @@ BLOCK_SHARE = 0.2
 #: holds them all; the layered DAGs' largest 20-55%, Inception-V3's 34%) the parts'
 #: search is the whole graph's, and the order search of the runners-up after it found
 #: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
-#: 363.0): ONE_PART_SHARE.
-DECOMPOSE_SHARE = 0.8
+#: 363.0): ONE_PART_SHARE. With 0.9, and no whole-graph search after a plan of
+#: several parts (it gained nothing on the layered DAGs, 7 s at 1,000 ops, nor on
+#: Inception-V3's rows of table 5), the order search keeps about its 2 s.
+DECOMPOSE_SHARE = 0.9
 ONE_PART = 0.75
 ONE_PART_SHARE = 0.5
 #: Share of the time left that the order search on the best placement
@@ -147,6 +149,10 @@ SPLIT_SHARE = 0.15
 SPLIT_ROTATIONS = 12
 BLOCK_SECONDS = 3.0
 BLOCK_MAX_PAIRS = 100
+#: Most tasks of a part (a forward block with its backward block) whose MILP bound
+#: `block_round` tries after the blocks': the layered DAGs' parts of 14-16 tasks
+#: (8-30 order decisions) prove 1.1-1.7 above their blocks' sum in under 1 s each.
+PART_MAX_TASKS = 40
 #: Relative margin taken off a block MILP's proven bound.
 SPAN_SLACK = 1e-7
 
@@ -518,11 +524,15 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # The blocks' bound first: the decomposition's parts take half the time left,
     # which cut inception_v3 2x1's bound from 204.5 to 203.6 when the blocks came after.
     blocks = block_round(problem, backend, incumbent, deadline)
-    if tg.num_micro_batches == 1:
-        decompose_round(problem, incumbent, deadline)
+    # After a plan from several parts the whole graph's search gains 0.0-0.3% in a
+    # minute (a move costs a simulation of the whole graph), so its time went to the
+    # parts (DECOMPOSE_SHARE).
+    parts_placed = tg.num_micro_batches == 1 and decompose_round(problem, incumbent,
+                                                                 deadline)
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
-    refine(REFINE_SHARE)
+    if not parts_placed:
+        refine(REFINE_SHARE)
     # After the search, so that a split only replaces a better searched plan: on
     # Inception-V3 4x4 a split beat HEFT but the search from it stopped at 115.5 ms
     # where the search from HEFT reached 112.4 (load 4-5).
@@ -557,7 +567,8 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
                                         unit_of_group, clusters, label, round_deadline,
                                         blocks.spans)
     if status != "optimal":
-        refine(ORDER_REFINE_SHARE)
+        if not parts_placed:
+            refine(ORDER_REFINE_SHARE)
         order_search_round(problem, incumbent, deadline, rng,
                            [(gd, schedule_of(gd)) for gd in leaders.placements()])
         if worth_a_round(problem, deadline):
@@ -635,57 +646,68 @@ def split_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None
                         [list(ts) for ts in best[1].order])
 
 
-def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
+def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> bool:
     """Offer the placement assembled from the parts between articulation tasks
     (`placement.milp.decompose`), each part placed from its HEFT starts
     (`block_starts`) by chain sweeps and kicks under its own simulation, within
     DECOMPOSE_SHARE of the time left (ONE_PART_SHARE where one part is nearly the whole
-    graph); one micro-batch only (with several no task is an articulation task)."""
+    graph); one micro-batch only (with several no task is an articulation task).
+    Returns whether a placement of several parts became the incumbent."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "block decomposition"
-    share = (ONE_PART_SHARE if largest_part(tg) >= ONE_PART * tg.num_tasks
-             else DECOMPOSE_SHARE)
+    one_part = largest_part(tg) >= ONE_PART * tg.num_tasks
+    share = ONE_PART_SHARE if one_part else DECOMPOSE_SHARE
     until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     rng = np.random.default_rng(0)
+    # Where the parts are small against the graph their searches run out of time
+    # before they stall (a 78-task part of the 1,000-op layered DAG: 233.8 after its
+    # 1.2 s, 224.5 after 8 s), so they judge placements by the plain list schedule, at
+    # under half a justified one's cost (the 1,000-op DAG's parts 5,708 and 5,726
+    # against 5,730 and 5,752 in two pairs of runs); the assembled placement is
+    # justified all the same. One part is the whole graph's search, which justified
+    # orders serve (see `_search`).
+    justify = one_part
 
     def place_part(part: TaskGraph, part_until: float, starts: list[np.ndarray]
                    ) -> np.ndarray:
         # Each start is searched until its kicks stop paying (the search's local
         # optimum), then the next; the best wins.
-        scored = sorted(((_score(part, g, k, 0.0, True)[0], i) for i, g in enumerate(starts)))
+        scored = sorted(((_score(part, g, k, 0.0, justify)[0], i)
+                         for i, g in enumerate(starts)))
         best, best_value = starts[scored[0][1]], scored[0][0]
         for _, i in scored:
             if time.perf_counter() >= part_until:
                 break
-            gd, value = _search_part(part, k, starts[i], part_until, rng)
+            gd, value = _search_part(part, k, starts[i], part_until, rng, justify)
             if value < best_value:
                 best, best_value = gd, value
         return best
 
     gd = decomposed_placement(tg, k, until, place_part)
     if gd is None:
-        return
+        return False
     used = np.bincount(gd, weights=problem.group_memory, minlength=k)
     if used.max() > problem.memory_cap * (1 + 1e-9):
         incumbent.notes.append("the block decomposition's placement breaks the memory "
                                "cap; not offered")
-        return
+        return False
     schedule = _schedule(tg, gd, k, 0.0, True)
-    incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
-                    [list(ts) for ts in schedule.order])
+    return incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
+                           [list(ts) for ts in schedule.order]) and not one_part
 
 
 def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
-                 rng: np.random.Generator) -> tuple[np.ndarray, float]:
+                 rng: np.random.Generator, justify: bool) -> tuple[np.ndarray, float]:
     """A part's placement from `gd` by chain sweeps (`placement.refine.chain_sweep`)
-    and kicks under the part's own justified schedule, and its step time (the full
+    and kicks under the part's own list schedule (`justify`: justified), and its step
+    time under it (the full
     neighbourhood of `local_search` gained nothing more on the layered DAGs' parts in
     the same time). Memory is checked on the assembled placement: a part's share of it
     is unknown."""
     zero = np.zeros(part.num_groups)
 
     def chain_score(g: np.ndarray):
-        return _chain_score(part, g, k, 0.0, True)
+        return _chain_score(part, g, k, 0.0, justify)
 
     gd, _, _ = chain_sweep(gd, chain_score(gd), chain_score, k, zero, 1.0, until)
     return kicked_search(gd, chain_score, num_devices=k, group_memory=zero, memory_cap=1.0,
@@ -742,7 +764,18 @@ def block_round(problem: Problem, backend: Backend, incumbent: Incumbent,
         # spans go into the fine model, which every real schedule must satisfy.
         return min(upper, max(lower, result.lower_bound * data.scale * (1 - SPAN_SLACK)))
 
-    return block_bound(problem.tg, k, block_optimum)
+    bound = block_bound(problem.tg, k, block_optimum)
+    if not bound.block_values:
+        return bound
+
+    def part_optimum(part: TaskGraph, lower: float) -> float:
+        # A part of more tasks has more order decisions than a block may (on the
+        # layered DAGs a part of 32 tasks has 120), and building its model to find
+        # that out takes time in the square of its tasks.
+        return lower if part.num_tasks > PART_MAX_TASKS else block_optimum(part, lower)
+
+    return BlockBound(bound.value + part_gain(problem.tg, bound.block_values, part_optimum),
+                      bound.spans, bound.block_values)
 
 
 def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,

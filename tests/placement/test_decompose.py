@@ -13,11 +13,13 @@ from placement.milp.block_bound import blocks
 from placement import heuristics
 from placement.milp.block_bound import sub_graph
 from placement.milp.decompose import (
+    _free_crossings,
     _relabel,
     block_starts,
     chained_graph,
     decomposed_placement,
     largest_part,
+    part_gain,
     parts_of,
 )
 from tests.placement.milp_cases import placements, problem, search_step_time
@@ -104,3 +106,38 @@ def test_relabel_agrees_with_placed_groups_or_says_none():
     assert to[0] == 2 and sorted(to.tolist()) == [0, 1, 2]
     assert _relabel(np.array([0, 1]), [2, 2], 3) is None
     assert _relabel(np.array([0, 0]), [1, 2], 3) is None
+
+
+def test_the_parts_lift_the_blocks_bound_and_stay_below_the_optimum():
+    # Each block and each part at its brute-force optimum: the blocks' sum plus what
+    # the parts add never exceeds the whole graph's optimum, and somewhere the parts
+    # add something (a forward block and its backward block on one placement).
+    k = 2
+    gains = []
+    for seed in range(6):
+        tg = problem(modules(seed, 2, training=True), k, "makespan").tg
+        block_tasks = blocks(tg)
+        values = [search_step_time(sub_graph(tg, ts), k) for ts in block_tasks]
+        blocks_sum = sum(values) - sum(float(tg.duration_s[ts[-1]]) for ts in block_tasks[:-1])
+        gain = part_gain(tg, values, lambda part, lower: search_step_time(part, k))
+        assert gain >= 0
+        assert blocks_sum + gain <= search_step_time(tg, k) + 1e-9
+        gains.append(gain)
+    assert max(gains) > 0
+
+
+def test_a_part_bound_frees_only_the_transfers_between_its_blocks():
+    tg = problem(modules(1, 2, training=True), 3, "makespan").tg
+    block_tasks = blocks(tg)
+    for part in (p for p in parts_of(tg, block_tasks) if len(p) > 1):
+        sub, tasks = chained_graph(tg, block_tasks, part)
+        freed = _free_crossings(sub, tasks, [block_tasks[i] for i in part])
+        inside = set()
+        for i in part:
+            local = {tasks.index(t) for t in block_tasks[i]}
+            inside |= {e for e, (u, v) in enumerate(zip(sub.edge_src.tolist(),
+                                                        sub.edge_dst.tolist()))
+                       if u in local and v in local}
+        for e in range(len(sub.edge_src)):
+            expected = sub.edge_transfer_s[e] if e in inside else 0.0
+            assert freed.edge_transfer_s[e] == expected
