@@ -88,7 +88,8 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
             values = np.zeros(len(starts))
         else:
             ends = min(n - 1, e + width) - e  # next segments e+1..e+1+x, x < ends
-            grid = _charge_grid(spans[e], starts[0], len(starts), e, ends + 1)
+            # Wide enough for a pocket of POCKET_UNITS and a segment of `width` after it.
+            grid = _charge_grid(spans[e], starts[0], len(starts), e, ends + POCKET_UNITS)
             step = grid[:, :ends] + best[e + 1, :ends][None, :]
             for size in range(1, min(POCKET_UNITS, len(starts)) + 1):
                 if ok[-size]:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from placement import suffix_charge
@@ -34,6 +34,10 @@ def _loads_and_charges(model: _Model, unit_device: np.ndarray) -> tuple[float, n
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10**6))
+# A two-unit pocket followed by a segment of `width` units: the charge grid once ended a
+# unit short of that segment, so its reading went unseen and the charge overshot.
+@example(196)
+@example(224)
 def test_every_placement_adds_at_least_twice_the_suffix_charge(seed):
     p, units, _ = _case(seed)
     model = _Model(p.tg, units, p.num_devices)
