@@ -94,6 +94,10 @@ print(ray.get(keeper.place.remote()), flush=True)
 """
 
 
+#: Drivers killed at most before the race counts as gone.
+KILLS = 20
+
+
 @pytest.fixture
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -121,8 +125,10 @@ def test_a_group_leaked_by_a_killed_driver_is_reclaimed_and_live_ones_are_kept(
     before = not_removed()
     assert before == {own.id.hex(), detached}
 
-    # Ray leaked groups in 7 of 8 kills here: the first kill nearly always does.
-    for _ in range(8):
+    # Ray leaked groups in 7 of 8 kills here: the first kill nearly always does. Under
+    # load (a full suite beside five CPU-bound solves, load average 12-19) eight kills
+    # once leaked none, so it gets more tries; an idle box stops at the first.
+    for _ in range(KILLS):
         driver = subprocess.Popen([sys.executable, "-c", PLACER, local_ray],
                                   stdout=subprocess.PIPE, text=True)
         assert driver.stdout.readline().strip() == "placing"
@@ -132,7 +138,7 @@ def test_a_group_leaked_by_a_killed_driver_is_reclaimed_and_live_ones_are_kept(
         leaks = not_removed() - before
         if leaks:
             break
-    assert leaks, "eight killed drivers leaked no placement group: has Ray fixed the race?"
+    assert leaks, f"{KILLS} killed drivers leaked no placement group: has Ray fixed the race?"
 
     monkeypatch.setenv("RAY_ADDRESS", local_ray)
     with ray_cluster(None):  # joins the running instance, as a job's driver does
