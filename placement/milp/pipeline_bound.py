@@ -9,13 +9,22 @@ relaxation lets the solver choose the placement and charges, for that placement:
   E[t]    a lower bound on task t's start: E[v] >= E[u] + p_u + c_e z_e;
   Q[t]    a lower bound on the time after t's finish: Q[u] >= Q[v] + p_v + c_e z_e;
   C >= E[t] + p_t for sinks (the critical path with the transfers this placement makes);
-  C >= E[a] + Q[b] + K sum_g w_g(a,b) x[g,d]   for chosen task pairs (a, b), devices d,
+  C >= E[a] + Q[b] + K sum_g w_g(a,b) x[g,d]
+         + in(a,b) (1 - x[g(a),d]) + out(a,b) (1 - x[g(b),d])
+                                                for chosen task pairs (a, b), devices d,
 where w_g(a,b) is the time of g's tasks that are a or follow it and are b or precede
 it, in one micro-batch. Every such task of every micro-batch runs after E[a] and ends
 by C - Q[b] (the micro-batches are copies with no edges between them, so a's copies
 all have a's earliest start, and b's copies its tail), and those on device d run one
 at a time there: energetic reasoning with heads and tails that see the placement. A
-pair (a, -) or (-, b) drops that side. No order decision is in the model, so it stays
+pair (a, -) or (-, b) drops that side. A device that does not hold a receives its
+first task of the window over a crossing edge u->v of the window: that task starts
+at least in(a,b) after a does, the least over such edges (groups apart) of the
+longest chain from a's start to u's finish plus the edge's transfer; out(a,b) is the
+same at b's end (on Inception-V3's pipeline windows the stem's last pool's time and
+a branch's transfer, 0.4-0.6 ms each side). A device that holds no task of the window
+gets the row too, so in + out is capped by the chain from a to b (or a's tail, b's
+head), which every plan runs between E[a] and C - Q[b]. No order decision is in the model, so it stays
 small enough to solve on the fine graph, and any bound the solver proves on it is a
 bound on the step time of every plan (the co-run slowdown only delays tasks further).
 
@@ -80,6 +89,10 @@ class RelaxationData:
     """(a, b) task pairs; -1 drops that side."""
     weights: np.ndarray
     """Per pair and group: w_g(a, b), one micro-batch's time."""
+    entry: np.ndarray
+    """Per pair: in(a, b), the delay before a device that does not hold a starts."""
+    exit: np.ndarray
+    """Per pair: out(a, b), the delay after a device that does not hold b ends."""
     scale: float
 
 
@@ -130,11 +143,63 @@ def relaxation_data(problem: Problem, upper_bound: float, proven: float = -math.
     terms = np.cumsum(np.count_nonzero(weights, axis=1)) * k
     fits = terms <= MAX_TERMS
     fits[keep == busy] = True
+    kept = [pairs[i] for i in keep[fits].tolist()]
+    entry, exit_ = window_delays(tg, kept, reach, head, tail)
     return RelaxationData(
         tg=tg, num_micro_batches=K, num_devices=k, group_memory=problem.group_memory,
         memory_cap=problem.memory_cap, lower_bound=max(problem.lower_bound(), proven),
-        head=head, tail=after, pairs=tuple(pairs[i] for i in keep[fits].tolist()),
-        weights=weights[fits], scale=max(upper_bound, 1e-300) / 1000)
+        head=head, tail=after, pairs=tuple(kept), weights=weights[fits], entry=entry,
+        exit=exit_, scale=max(upper_bound, 1e-300) / 1000)
+
+
+def _chains(tg: TaskGraph, ends: list[int], forward: bool) -> np.ndarray:
+    """(tasks, len(ends)): the longest chain of task times from each end's start to
+    each task's finish (`forward`), or from each task's start to each end's finish;
+    -inf where no path leads."""
+    chain = np.full((tg.num_tasks, len(ends)), -np.inf)
+    chain[ends, np.arange(len(ends))] = 0.0
+    order = tg.topological_order if forward else tg.topological_order[::-1]
+    links = tg.predecessors if forward else tg.successors
+    for t in order:
+        for s, _ in links[t]:
+            np.maximum(chain[t], chain[s], out=chain[t])
+        chain[t] += tg.duration_s[t]
+    return chain
+
+
+def window_delays(tg: TaskGraph, pairs: list[tuple[int, int]], reach: np.ndarray,
+                  head: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair (a, b): in(a, b) and out(a, b) of the module docstring (0 for a
+    dropped side or a window no edge of which can cross); `tail` includes each task's
+    own time, `head` does not."""
+    starts = sorted({a for a, _ in pairs if a >= 0})
+    ends = sorted({b for _, b in pairs if b >= 0})
+    from_start = _chains(tg, starts, forward=True)
+    to_end = _chains(tg, ends, forward=False)
+    column = {a: i for i, a in enumerate(starts)}
+    row = {b: i for i, b in enumerate(ends)}
+    src, dst, cost = tg.edge_src, tg.edge_dst, tg.edge_transfer_s
+    can_cross = tg.group[src] != tg.group[dst]
+    everything = np.ones(tg.num_tasks, dtype=bool)
+    entry, exit_ = np.zeros(len(pairs)), np.zeros(len(pairs))
+    for r, (a, b) in enumerate(pairs):
+        if a < 0 and b < 0:
+            continue
+        inside = (reach[a] if a >= 0 else everything) & (reach[:, b] if b >= 0 else everything)
+        edges = can_cross & inside[src] & inside[dst]
+        if not edges.any():
+            continue
+        # A chain every plan runs between E[a] and C - Q[b]: the longest from a to b,
+        # a's tail (its own time included) or b's head and its own time.
+        span = (from_start[b, column[a]] if a >= 0 and b >= 0
+                else tail[a] if a >= 0 else head[b] + tg.duration_s[b])
+        if a >= 0:
+            entry[r] = min(float((from_start[src[edges], column[a]] + cost[edges]).min()),
+                           span)
+        if b >= 0:
+            exit_[r] = min(float((cost[edges] + to_end[dst[edges], row[b]]).min()),
+                           span - entry[r])
+    return entry, exit_
 
 
 def integral_order(tg: TaskGraph) -> np.ndarray:
@@ -204,11 +269,14 @@ def build_relaxation(data: RelaxationData,
         return m.C >= m.start[t] + float(dur[t])
     m.finish = pyo.Constraint(m.T, rule=finish_rule)
 
-    # C >= E[a] + Q[b] + K sum_g w_g(a,b) x[g,d]
+    # C >= E[a] + Q[b] + K sum_g w_g(a,b) x[g,d] + in (1 - x[g(a),d]) + out (1 - x[g(b),d])
     def energy_rule(m, r, d):
         a, b = data.pairs[r]
         w = data.weights[r] * K / sc
+        entry, exit_ = float(data.entry[r] / sc), float(data.exit[r] / sc)
         return m.C >= ((m.start[a] if a >= 0 else 0) + (m.after[b] if b >= 0 else 0)
+                       + (entry * (1 - m.x[tg.group[a], d]) if entry else 0)
+                       + (exit_ * (1 - m.x[tg.group[b], d]) if exit_ else 0)
                        + sum(float(w[g]) * m.x[g, d] for g in np.flatnonzero(w).tolist()))
     m.energy = pyo.Constraint(m.R, m.D, rule=energy_rule)
 
@@ -239,10 +307,13 @@ def set_start(m: pyo.ConcreteModel, data: RelaxationData, group_device: np.ndarr
     values = [data.lower_bound / sc]
     values += [(start[t] + tg.duration_s[t]) / sc for t in m.T if not tg.successors[t]]
     K = data.num_micro_batches
+    devices = np.arange(data.num_devices)
     for r, (a, b) in enumerate(data.pairs):
         base = (start[a] if a >= 0 else 0.0) + (after[b] if b >= 0 else 0.0)
         load = np.bincount(group_device, weights=data.weights[r], minlength=data.num_devices)
-        values.append((base + K * load.max()) / sc)
+        delays = (data.entry[r] * (devices != dev[a]) if a >= 0 else 0.0) + (
+            data.exit[r] * (devices != dev[b]) if b >= 0 else 0.0)
+        values.append(float((base + K * load + delays).max()) / sc)
     m.C.value = max(values)
 
 

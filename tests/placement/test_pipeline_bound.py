@@ -27,6 +27,7 @@ from placement.milp.solve import solve_plan
 from placement.problem import best_heuristic
 from placement.simulate import list_schedule
 from placement.step_bound import step_time_bound
+from tests.placement.helpers import chain_graph
 from tests.placement.milp_cases import (
     _search_order,
     problem,
@@ -61,6 +62,49 @@ def test_no_placement_beats_the_bound(seed, num_ops, k, micro, colocate):
     group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
     assert list_schedule(p.tg, group_device, k).step_time_s >= (
         relaxation_bound(p) * (1 - 1e-6))
+
+
+def placement_value(p, group_device: np.ndarray) -> float:
+    """The relaxation's rows at one placement, heads and tails those it implies."""
+    data = relaxation_data(p, upper_bound=1e6)
+    model = build_relaxation(data)
+    pipeline_bound.set_start(model, data, group_device)
+    return model.C.value * data.scale
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), num_ops=st.integers(2, 9), k=st.integers(2, 4),
+       micro=st.integers(1, 3))
+def test_every_row_holds_on_every_placement(seed, num_ops, k, micro):
+    # Each row, with a device's entry and exit delays, is at most the list schedule of
+    # the placement whose heads and tails it is given.
+    p = problem(training_dag(seed, num_ops), k, "makespan", num_micro_batches=micro)
+    group_device = np.random.default_rng(seed).integers(0, k, size=p.tg.num_groups)
+    assert placement_value(p, group_device) <= (
+        list_schedule(p.tg, group_device, k).step_time_s * (1 + 1e-9))
+
+
+def test_a_device_without_work_in_a_window_is_charged_at_most_its_chain():
+    # All of a three-op chain on one device, transfers of 10 against times of 1: the
+    # empty device's delays into and out of op0's window would be 11 each, but the
+    # window's own chain (op0 to op0', 6) is all a plan must run between its ends.
+    p = problem(chain_graph([1, 1, 1], cost=10.0, backward=[1, 1, 1]), 2, "makespan")
+    together = np.zeros(p.tg.num_groups, dtype=np.int64)
+    assert list_schedule(p.tg, together, 2).step_time_s == pytest.approx(6.0)
+    assert placement_value(p, together) == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("seed", [20, 22])
+def test_entry_and_exit_delays_raise_the_bound_to_the_optimum(seed, monkeypatch):
+    # Two devices, two micro-batches: a device that holds neither end of a window
+    # starts its share of it only after a transfer in and ends it a transfer before
+    # the end; without the delays the bound is 1-1.5 below the optimum.
+    p = problem(training_dag(seed, 3 + seed % 3), 2, "makespan", num_micro_batches=2)
+    optimum = search_step_time(p.tg, 2)
+    assert relaxation_bound(p) == pytest.approx(optimum, rel=1e-6)
+    monkeypatch.setattr(pipeline_bound, "window_delays", lambda tg, pairs, *_: (
+        np.zeros(len(pairs)), np.zeros(len(pairs))))
+    assert relaxation_bound(p) <= optimum - 1
 
 
 def partial_bound(p, count: int) -> float:
