@@ -66,7 +66,7 @@ from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, 
 from placement.milp.pipeline_bound import solve_relaxation
 from placement.neighbour_bound import neighbour_bound
 from placement.refine import (Leaders, chain_search, chain_sweep, justified, kicked_search,
-                              local_search, order_search)
+                              local_search, order_search, schedule_search)
 from placement.simulate import (
     OrderError,
     Schedule,
@@ -127,7 +127,14 @@ BLOCK_SHARE = 0.2
 #: Inception-V3's rows of table 5), the order search keeps about its 2 s.
 DECOMPOSE_SHARE = 0.9
 ONE_PART = 0.75
-ONE_PART_SHARE = 0.5
+ONE_PART_SHARE = 0.3
+#: Share of the time left that the search over placements and orders together
+#: (`placement.refine.schedule_search`, `schedule_round`) may use after a whole-graph
+#: placement search with one micro-batch: on GNMT's paper preset on two V100s it took
+#: HEFT's plan (383.8 ms) to 361.3-361.9 in 25,000 simulations (10 s on an idle core) in
+#: four runs of four, where the placement search and the order search of its best
+#: placements had reached 363.0-366.2 in a minute.
+SCHEDULE_SHARE = 0.5
 #: Share of the time left that the order search on the best placement
 #: (`placement.refine.order_search`) may use before the order MILP: on GNMT's paper
 #: preset on two V100s it took the plan from 373.2 to 364.1 ms, where the order MILP
@@ -532,6 +539,9 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
     if not parts_placed:
+        # Placements judged by their best orders found, not their list schedules.
+        if tg.num_micro_batches == 1:
+            schedule_round(problem, incumbent, deadline, rng)
         refine(REFINE_SHARE)
     # After the search, so that a split only replaces a better searched plan: on
     # Inception-V3 4x4 a split beat HEFT but the search from it stopped at 115.5 ms
@@ -785,21 +795,48 @@ def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
     schedule of theirs), with the order `order_search` finds from its own, all within
     ORDER_SEARCH_SHARE of the time left, split evenly (what one leaves goes to the
     next)."""
-    tg, k = problem.tg, problem.num_devices
+    tg = problem.tg
     incumbent.stage = "order search"
     until = time.perf_counter() + ORDER_SEARCH_SHARE * max(0.0, deadline - time.perf_counter())
     gd = incumbent.group_device
-    schedule = (evaluate_order(tg, gd, incumbent.order) if incumbent.order is not None
-                else list_schedule(tg, gd, k))
-    candidates = [(gd, schedule, incumbent.source)] + [
+    candidates = [(gd, _incumbent_schedule(problem, incumbent), incumbent.source)] + [
         (other, own, "local search") for other, own in runners_up
         if not np.array_equal(other, gd)]
     for i, (gd, schedule, source) in enumerate(candidates):
         left = until - time.perf_counter()
-        found = order_search(tg, gd, schedule, rng=rng,
-                             deadline=time.perf_counter() + left / (len(candidates) - i))
-        incumbent.offer(gd, found.step_time_s, f"{source} + order search",
+        candidate_until = time.perf_counter() + left / (len(candidates) - i)
+        # With one micro-batch the placement moves too (`schedule_round`).
+        if tg.num_micro_batches == 1:
+            gd, found = schedule_search(tg, gd, schedule, group_memory=problem.group_memory,
+                                        memory_cap=problem.memory_cap,
+                                        deadline=candidate_until, rng=rng)
+            how = "schedule search"
+        else:
+            found = order_search(tg, gd, schedule, rng=rng, deadline=candidate_until)
+            how = "order search"
+        incumbent.offer(gd, found.step_time_s, f"{source} + {how}",
                         [list(ts) for ts in found.order])
+
+
+def schedule_round(problem: Problem, incumbent: Incumbent, deadline: float,
+                   rng: np.random.Generator) -> None:
+    """Offer the best plan `placement.refine.schedule_search` finds from the
+    incumbent's, within SCHEDULE_SHARE of the time left."""
+    incumbent.stage = "schedule search"
+    until = time.perf_counter() + SCHEDULE_SHARE * max(0.0, deadline - time.perf_counter())
+    gd, found = schedule_search(problem.tg, incumbent.group_device,
+                                _incumbent_schedule(problem, incumbent),
+                                group_memory=problem.group_memory,
+                                memory_cap=problem.memory_cap, deadline=until, rng=rng)
+    incumbent.offer(gd, found.step_time_s, f"{incumbent.source} + schedule search",
+                    [list(ts) for ts in found.order])
+
+
+def _incumbent_schedule(problem: Problem, incumbent: Incumbent) -> Schedule:
+    """The incumbent's schedule: its order's, else its placement's list schedule."""
+    if incumbent.order is not None:
+        return evaluate_order(problem.tg, incumbent.group_device, incumbent.order)
+    return list_schedule(problem.tg, incumbent.group_device, problem.num_devices)
 
 
 def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
@@ -811,9 +848,7 @@ def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     alone, so it proves nothing about the problem and is dropped."""
     tg, k = problem.tg, problem.num_devices
     placed = incumbent.source
-    schedule = (evaluate_order(tg, incumbent.group_device, incumbent.order)
-                if incumbent.order is not None
-                else list_schedule(tg, incumbent.group_device, k))
+    schedule = _incumbent_schedule(problem, incumbent)
     device = canonical_devices(incumbent.group_device)
     num_used = int(device.max()) + 1
     incumbent.stage = "model build (order)"
