@@ -43,14 +43,19 @@ from placement.tasks import TaskGraph
 JUSTIFY_ROUNDS = 4
 #: Farthest a task of a critical device arc moves along its device in `order_search`.
 INSERT_REACH = 6
-#: `schedule_search`: the chance that a step moves a group rather than a task, its
-#: temperatures at the start and at the end of an anneal, as shares of the starting
-#: step time, and the steps of one anneal (on GNMT's paper preset on two V100s, 25,000
-#: simulations in one anneal: starting shares of 0.004-0.008 reached 361.3-361.8 ms in
-#: 5 or 6 runs of 6, 0.016 in 5; group moves with chance 0.1 or 0.25 alike).
+#: `schedule_search`: the chance that a step moves a group rather than a task, and its
+#: temperatures at the start and at the deadline, as shares of the starting step time
+#: (on GNMT's paper preset on two V100s, 25,000 simulations: starting shares of
+#: 0.004-0.008 reached 361.3-361.8 ms in 5 or 6 runs of 6, 0.016 in 5, 0.03 with group
+#: moves at 0.2 and twice the time 363.1-376.6 in 4; group moves with chance 0.05-0.25
+#: alike).
 GROUP_MOVE = 0.1
 ANNEAL_START = 0.008
 ANNEAL_END = 0.0003
+#: Steps of one anneal of `schedule_search`: on GNMT's paper preset on two V100s,
+#: anneals of 5,000 steps reached 361.3-361.8 ms in 10 s of CPU time in four runs of
+#: four (about two anneals), one anneal over the whole time 361.8-374.7, anneals of
+#: 20,000 steps 361.3-362.3.
 ANNEAL_STEPS = 5000
 
 ChainScore = Callable[[np.ndarray], tuple[tuple[float, float], Sequence[int]]]
@@ -348,8 +353,9 @@ def schedule_search(tg: TaskGraph, group_device: np.ndarray, schedule: Schedule,
     (`order_by_start` of its times, which rise along every edge, so it never
     deadlocks), and the new placement's justified list schedule. A move that lengthens
     the step by delta is taken with chance exp(-delta / T), T falling geometrically from
-    ANNEAL_START to ANNEAL_END of the starting step time over ANNEAL_STEPS steps, and
-    each anneal after the first starts from the best plan met. The placement searches
+    ANNEAL_START to ANNEAL_END of the starting step time over ANNEAL_STEPS steps, or by
+    the deadline if sooner; then the next anneal starts from the best plan met, from the
+    temperature the deadline's clock has reached. The placement searches
     judge a placement by its (justified) list schedule, which ranks GNMT's optimal
     placement on two V100s (357.8 ms, CP-SAT) behind placements whose best orders are
     worse: this search judges it by the order it finds. There, from HEFT's placement
@@ -362,14 +368,18 @@ def schedule_search(tg: TaskGraph, group_device: np.ndarray, schedule: Schedule,
     best = (gd.copy(), current, current_key)
     hot = ANNEAL_START * schedule.step_time_s
     used = np.bincount(gd, weights=group_memory, minlength=num_devices)
+    began = time.perf_counter()
+    span = max(deadline - began, 1e-9)
     step, chain = 0, []
-    while time.perf_counter() < deadline:
+    while (now := time.perf_counter()) < deadline:
         if step == ANNEAL_STEPS:
-            # Reheat from the best plan met.
             step = 0
             gd, current, current_key, chain = best[0].copy(), best[1], best[2], []
             used = np.bincount(gd, weights=group_memory, minlength=num_devices)
-        temperature = hot * (ANNEAL_END / ANNEAL_START) ** (step / ANNEAL_STEPS)
+        # Each anneal cools over ANNEAL_STEPS steps, or by the deadline when that comes
+        # first, so that however short the time the search ends cold, a descent.
+        cooled = max(step / ANNEAL_STEPS, (now - began) / span)
+        temperature = hot * (ANNEAL_END / ANNEAL_START) ** cooled
         step += 1
         moved = (_random_group_move(gd, used, group_memory, memory_cap, rng)
                  if rng.random() < GROUP_MOVE else None)
