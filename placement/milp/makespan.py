@@ -129,11 +129,12 @@ DECOMPOSE_SHARE = 0.9
 ONE_PART = 0.75
 ONE_PART_SHARE = 0.3
 #: Share of the time left that the search over placements and orders together
-#: (`placement.refine.schedule_search`, `schedule_round`) may use after a whole-graph
-#: placement search with one micro-batch: on GNMT's paper preset on two V100s it took
-#: HEFT's plan (383.8 ms) to 361.3-361.9 in 25,000 simulations (10 s on an idle core) in
-#: four runs of four, where the placement search and the order search of its best
-#: placements had reached 363.0-366.2 in a minute.
+#: (`placement.refine.schedule_search`) from the best placements of a whole-graph
+#: placement search with one micro-batch may use (`order_search_round`): on GNMT's
+#: paper preset on two V100s it took HEFT's plan (383.8 ms) to 361.3-361.8 in 10 s of
+#: CPU time in four runs of four, and runners-up of the placement search to 358.3 in
+#: 0.5 s, where the placement search and the order search of its best placements had
+#: reached 363.0-366.2 in a minute.
 SCHEDULE_SHARE = 0.5
 #: Share of the time left that the order search on the best placement
 #: (`placement.refine.order_search`) may use before the order MILP: on GNMT's paper
@@ -516,6 +517,9 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
                               good_enough=good_enough)
         offer(gd, refined(incumbent.source))
 
+    def runners_up() -> list[tuple[np.ndarray, Schedule]]:
+        return [(gd, schedule_of(gd)) for gd in leaders.placements()]
+
     def reserve() -> float:
         # Time kept for packaging the plan (and for a solver that overran its clock).
         return min(2.0, 0.05 * problem.config.time_limit_s)
@@ -539,10 +543,12 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
     if not parts_placed:
-        # Placements judged by their best orders found, not their list schedules.
-        if tg.num_micro_batches == 1:
-            schedule_round(problem, incumbent, deadline, rng)
         refine(REFINE_SHARE)
+        # With one micro-batch the search's best placements, judged by their best
+        # orders found rather than their list schedules, and the placements near them.
+        if tg.num_micro_batches == 1:
+            order_search_round(problem, incumbent, deadline, rng, runners_up(),
+                               SCHEDULE_SHARE)
     # After the search, so that a split only replaces a better searched plan: on
     # Inception-V3 4x4 a split beat HEFT but the search from it stopped at 115.5 ms
     # where the search from HEFT reached 112.4 (load 4-5).
@@ -579,8 +585,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     if status != "optimal":
         if not parts_placed:
             refine(ORDER_REFINE_SHARE)
-        order_search_round(problem, incumbent, deadline, rng,
-                           [(gd, schedule_of(gd)) for gd in leaders.placements()])
+        order_search_round(problem, incumbent, deadline, rng, runners_up())
         if worth_a_round(problem, deadline):
             order_round(problem, backend, incumbent, deadline)
         # The search takes what the order round leaves: it may prove its order early,
@@ -790,14 +795,16 @@ def block_round(problem: Problem, backend: Backend, incumbent: Incumbent,
 
 def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
                        rng: np.random.Generator,
-                       runners_up: Sequence[tuple[np.ndarray, Schedule]] = ()) -> None:
+                       runners_up: Sequence[tuple[np.ndarray, Schedule]] = (),
+                       share: float = ORDER_SEARCH_SHARE) -> None:
     """Offer the incumbent's placement, then each of `runners_up` (placements with a
-    schedule of theirs), with the order `order_search` finds from its own, all within
-    ORDER_SEARCH_SHARE of the time left, split evenly (what one leaves goes to the
+    schedule of theirs), with the order `order_search` finds from its own (with one
+    micro-batch, the placement and order `placement.refine.schedule_search` finds), all
+    within `share` of the time left, split evenly (what one leaves goes to the
     next)."""
     tg = problem.tg
     incumbent.stage = "order search"
-    until = time.perf_counter() + ORDER_SEARCH_SHARE * max(0.0, deadline - time.perf_counter())
+    until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     gd = incumbent.group_device
     candidates = [(gd, _incumbent_schedule(problem, incumbent), incumbent.source)] + [
         (other, own, "local search") for other, own in runners_up
@@ -805,7 +812,6 @@ def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
     for i, (gd, schedule, source) in enumerate(candidates):
         left = until - time.perf_counter()
         candidate_until = time.perf_counter() + left / (len(candidates) - i)
-        # With one micro-batch the placement moves too (`schedule_round`).
         if tg.num_micro_batches == 1:
             gd, found = schedule_search(tg, gd, schedule, group_memory=problem.group_memory,
                                         memory_cap=problem.memory_cap,
@@ -816,20 +822,6 @@ def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
             how = "order search"
         incumbent.offer(gd, found.step_time_s, f"{source} + {how}",
                         [list(ts) for ts in found.order])
-
-
-def schedule_round(problem: Problem, incumbent: Incumbent, deadline: float,
-                   rng: np.random.Generator) -> None:
-    """Offer the best plan `placement.refine.schedule_search` finds from the
-    incumbent's, within SCHEDULE_SHARE of the time left."""
-    incumbent.stage = "schedule search"
-    until = time.perf_counter() + SCHEDULE_SHARE * max(0.0, deadline - time.perf_counter())
-    gd, found = schedule_search(problem.tg, incumbent.group_device,
-                                _incumbent_schedule(problem, incumbent),
-                                group_memory=problem.group_memory,
-                                memory_cap=problem.memory_cap, deadline=until, rng=rng)
-    incumbent.offer(gd, found.step_time_s, f"{incumbent.source} + schedule search",
-                    [list(ts) for ts in found.order])
 
 
 def _incumbent_schedule(problem: Problem, incumbent: Incumbent) -> Schedule:
