@@ -120,8 +120,9 @@ BLOCK_SHARE = 0.2
 #: that run out of starts hand their time back. Where one part holds at least
 #: ONE_PART of the tasks (GNMT's paper preset: one part, its forward and backward passes,
 #: holds them all; the layered DAGs' largest 20-55%, Inception-V3's 34%) the parts'
-#: search is the whole graph's, and the order search of the runners-up after it found
-#: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
+#: search is the whole graph's, and the search of placements and orders from its best
+#: placements after it (SCHEDULE_SHARE) finds GNMT's best plans on two V100s, so it takes
+#: 0.3 (with the order search alone after it, 0.8 reached 365.9 ms where 0.5 reached
 #: 363.0): ONE_PART_SHARE. With 0.9, and no whole-graph search after a plan of
 #: several parts (it gained nothing on the layered DAGs, 7 s at 1,000 ops, nor on
 #: Inception-V3's rows of table 5), the order search keeps about its 2 s.
