@@ -34,6 +34,7 @@ from placement.simulate import (
     ready_time,
     critical_chain,
     evaluate_order,
+    list_schedule,
     order_by_start,
 )
 from placement.tasks import TaskGraph
@@ -42,6 +43,20 @@ from placement.tasks import TaskGraph
 JUSTIFY_ROUNDS = 4
 #: Farthest a task of a critical device arc moves along its device in `order_search`.
 INSERT_REACH = 6
+#: `schedule_search`: the chance that a step moves a group rather than a task, and its
+#: temperatures at the start and at the deadline, as shares of the starting step time
+#: (on GNMT's paper preset on two V100s, 25,000 simulations: starting shares of
+#: 0.004-0.008 reached 361.3-361.8 ms in 5 or 6 runs of 6, 0.016 in 5, 0.03 with group
+#: moves at 0.2 and twice the time 363.1-376.6 in 4; group moves with chance 0.05-0.25
+#: alike).
+GROUP_MOVE = 0.1
+ANNEAL_START = 0.008
+ANNEAL_END = 0.0003
+#: Steps of one anneal of `schedule_search`: on GNMT's paper preset on two V100s,
+#: anneals of 5,000 steps reached 361.3-361.8 ms in 10 s of CPU time in four runs of
+#: four (about two anneals), one anneal over the whole time 361.8-374.7, anneals of
+#: 20,000 steps 361.3-362.3.
+ANNEAL_STEPS = 5000
 
 ChainScore = Callable[[np.ndarray], tuple[tuple[float, float], Sequence[int]]]
 """group_device -> ((objective value, tie-break), the groups of its critical chain)."""
@@ -323,6 +338,118 @@ def order_search(tg: TaskGraph, group_device: np.ndarray, schedule: Schedule, *,
         if key < best_key:
             best, best_key, misses = trial, key, 0
     return best
+
+
+def schedule_search(tg: TaskGraph, group_device: np.ndarray, schedule: Schedule, *,
+                    group_memory: np.ndarray, memory_cap: float, deadline: float,
+                    rng: np.random.Generator) -> tuple[np.ndarray, Schedule]:
+    """Simulated annealing over placements and orders together, from `group_device`
+    and its `schedule`, until `deadline`; returns the best placement met and its
+    schedule (never worse than `schedule`). A step takes a random move of
+    `order_search`'s neighbourhood (a task of a critical device arc moved up to
+    INSERT_REACH places), or with chance GROUP_MOVE a random group moved to another
+    device with memory for it, with the better of two orders: the current one, the
+    group's tasks joining the other device's sequence where the schedule ran them
+    (`order_by_start` of its times, which rise along every edge, so it never
+    deadlocks), and the new placement's justified list schedule. A move that lengthens
+    the step by delta is taken with chance exp(-delta / T), T falling geometrically from
+    ANNEAL_START to ANNEAL_END of the starting step time over ANNEAL_STEPS steps, or by
+    the deadline if sooner; then the next anneal starts from the best plan met, from the
+    temperature the deadline's clock has reached. The placement searches
+    judge a placement by its (justified) list schedule, which ranks GNMT's optimal
+    placement on two V100s (357.8 ms, CP-SAT) behind placements whose best orders are
+    worse: this search judges it by the order it finds. There, from HEFT's placement
+    with 25,000 simulations, it reached 361.3-362.4 ms in four runs of four, where
+    `order_search` from the same start with group moves added as a last resort and as
+    kicks reached 368.7-381.3."""
+    num_devices = len(schedule.order)
+    gd = group_device.copy()
+    current, current_key = schedule, _order_key(schedule)
+    best = (gd.copy(), current, current_key)
+    hot = ANNEAL_START * schedule.step_time_s
+    used = np.bincount(gd, weights=group_memory, minlength=num_devices)
+    began = time.perf_counter()
+    span = max(deadline - began, 1e-9)
+    step, chain = 0, []
+    while (now := time.perf_counter()) < deadline:
+        if step == ANNEAL_STEPS:
+            step = 0
+            gd, current, current_key, chain = best[0].copy(), best[1], best[2], []
+            used = np.bincount(gd, weights=group_memory, minlength=num_devices)
+        # Each anneal cools over ANNEAL_STEPS steps, or by the deadline when that comes
+        # first, so that however short the time the search ends cold, a descent.
+        cooled = max(step / ANNEAL_STEPS, (now - began) / span)
+        temperature = hot * (ANNEAL_END / ANNEAL_START) ** cooled
+        step += 1
+        moved = (_random_group_move(gd, used, group_memory, memory_cap, rng)
+                 if rng.random() < GROUP_MOVE else None)
+        try:
+            if moved is not None:
+                trial_gd = gd.copy()
+                trial_gd[moved[0]] = moved[1]
+                trial = min(_regrouped(tg, trial_gd, current, num_devices),
+                            justified(tg, trial_gd, num_devices,
+                                      list_schedule(tg, trial_gd, num_devices)),
+                            key=_order_key)
+            else:
+                chain = chain or critical_chain(tg, current)
+                order = _random_insertion(current, chain, rng)
+                if order is None:
+                    continue
+                trial_gd, trial = gd, evaluate_order(tg, gd, order)
+        except OrderError:
+            continue
+        key = _order_key(trial)
+        delta = key[0] - current_key[0]
+        if key < current_key or (temperature > 0 and
+                                 rng.random() < np.exp(-max(delta, 0.0) / temperature)):
+            if moved is not None:
+                g, d = moved
+                used[gd[g]] -= group_memory[g]
+                used[d] += group_memory[g]
+            gd, current, current_key, chain = trial_gd, trial, key, []
+            if key < best[2]:
+                best = (gd.copy(), current, key)
+    return best[0], best[1]
+
+
+def _random_group_move(group_device: np.ndarray, used: np.ndarray, group_memory: np.ndarray,
+                       memory_cap: float, rng: np.random.Generator) -> tuple[int, int] | None:
+    """(group, device): a random group and a random other device with memory for it;
+    None when there is none."""
+    g = int(rng.integers(len(group_device)))
+    fits = [d for d in range(len(used)) if d != group_device[g]
+            and used[d] + group_memory[g] <= memory_cap]
+    return (g, int(rng.choice(fits))) if fits else None
+
+
+def _random_insertion(schedule: Schedule, chain: Sequence[int],
+                      rng: np.random.Generator) -> list[list[int]] | None:
+    """The order with one random move of `_insertions` on a random critical device arc
+    of `chain`; None when the chain has no device arc or the move leaves the device."""
+    position = {t: (d, i) for d, ts in enumerate(schedule.order) for i, t in enumerate(ts)}
+    arcs = [position[later] for later, earlier in zip(chain, chain[1:])
+            if position[later][1] > 0
+            and schedule.order[position[later][0]][position[later][1] - 1] == earlier]
+    if not arcs:
+        return None
+    d, i = arcs[int(rng.integers(len(arcs)))]
+    reach = int(rng.integers(1, INSERT_REACH + 1))
+    src, dst = (i, i - reach) if rng.random() < 0.5 else (i - 1, i - 1 + reach)
+    seq = list(schedule.order[d])
+    if not 0 <= dst < len(seq):
+        return None
+    seq.insert(dst, seq.pop(src))
+    return [list(ts) if e != d else seq for e, ts in enumerate(schedule.order)]
+
+
+def _regrouped(tg: TaskGraph, group_device: np.ndarray, schedule: Schedule,
+               num_devices: int) -> Schedule:
+    """`schedule`'s order for a placement with some groups moved: each device's tasks
+    by the schedule's times."""
+    dev = tg.task_devices(group_device)
+    return evaluate_order(tg, group_device, order_by_start(
+        tg, dev, schedule.start_s, schedule.finish_s, num_devices))
 
 
 def _order_key(schedule: Schedule) -> tuple[float, float]:

@@ -66,7 +66,7 @@ from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, 
 from placement.milp.pipeline_bound import solve_relaxation
 from placement.neighbour_bound import neighbour_bound
 from placement.refine import (Leaders, chain_search, chain_sweep, justified, kicked_search,
-                              local_search, order_search)
+                              local_search, order_search, schedule_search)
 from placement.simulate import (
     OrderError,
     Schedule,
@@ -120,14 +120,25 @@ BLOCK_SHARE = 0.2
 #: that run out of starts hand their time back. Where one part holds at least
 #: ONE_PART of the tasks (GNMT's paper preset: one part, its forward and backward passes,
 #: holds them all; the layered DAGs' largest 20-55%, Inception-V3's 34%) the parts'
-#: search is the whole graph's, and the order search of the runners-up after it found
-#: GNMT's best plans on two V100s (with 0.8 it reached 365.9 ms where 0.5 reached
+#: search is the whole graph's, and the search of placements and orders from its best
+#: placements after it (SCHEDULE_SHARE) finds GNMT's best plans on two V100s, so it takes
+#: 0.3 (with the order search alone after it, 0.8 reached 365.9 ms where 0.5 reached
 #: 363.0): ONE_PART_SHARE. With 0.9, and no whole-graph search after a plan of
 #: several parts (it gained nothing on the layered DAGs, 7 s at 1,000 ops, nor on
 #: Inception-V3's rows of table 5), the order search keeps about its 2 s.
 DECOMPOSE_SHARE = 0.9
 ONE_PART = 0.75
-ONE_PART_SHARE = 0.5
+ONE_PART_SHARE = 0.3
+#: Share of the time left that the search over placements and orders together
+#: (`placement.refine.schedule_search`) from the best placements of a whole-graph
+#: placement search with one micro-batch may use (`order_search_round`): on GNMT's
+#: paper preset on two V100s it took HEFT's plan (383.8 ms) to 361.3-361.8 in 10 s of
+#: CPU time in four runs of four, and runners-up of the placement search to 358.3 in
+#: 0.5 s, where the placement search and the order search of its best placements had
+#: reached 363.0-366.2 in a minute. With a CPU-bound process beside it, 0.5 gave 358.7
+#: and 361.2 ms, 0.7 359.9 and 359.4; the step-time MILP, which has less time after it
+#: (none on GNMT's preset), had found nothing better there.
+SCHEDULE_SHARE = 0.7
 #: Share of the time left that the order search on the best placement
 #: (`placement.refine.order_search`) may use before the order MILP: on GNMT's paper
 #: preset on two V100s it took the plan from 373.2 to 364.1 ms, where the order MILP
@@ -509,6 +520,9 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
                               good_enough=good_enough)
         offer(gd, refined(incumbent.source))
 
+    def runners_up() -> list[tuple[np.ndarray, Schedule]]:
+        return [(gd, schedule_of(gd)) for gd in leaders.placements()]
+
     def reserve() -> float:
         # Time kept for packaging the plan (and for a solver that overran its clock).
         return min(2.0, 0.05 * problem.config.time_limit_s)
@@ -533,6 +547,11 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # must leave it time.
     if not parts_placed:
         refine(REFINE_SHARE)
+        # With one micro-batch the search's best placements, judged by their best
+        # orders found rather than their list schedules, and the placements near them.
+        if tg.num_micro_batches == 1:
+            order_search_round(problem, incumbent, deadline, rng, runners_up(),
+                               SCHEDULE_SHARE, move_groups=True)
     # After the search, so that a split only replaces a better searched plan: on
     # Inception-V3 4x4 a split beat HEFT but the search from it stopped at 115.5 ms
     # where the search from HEFT reached 112.4 (load 4-5).
@@ -569,8 +588,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     if status != "optimal":
         if not parts_placed:
             refine(ORDER_REFINE_SHARE)
-        order_search_round(problem, incumbent, deadline, rng,
-                           [(gd, schedule_of(gd)) for gd in leaders.placements()])
+        order_search_round(problem, incumbent, deadline, rng, runners_up())
         if worth_a_round(problem, deadline):
             order_round(problem, backend, incumbent, deadline)
         # The search takes what the order round leaves: it may prove its order early,
@@ -780,26 +798,43 @@ def block_round(problem: Problem, backend: Backend, incumbent: Incumbent,
 
 def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
                        rng: np.random.Generator,
-                       runners_up: Sequence[tuple[np.ndarray, Schedule]] = ()) -> None:
+                       runners_up: Sequence[tuple[np.ndarray, Schedule]] = (),
+                       share: float = ORDER_SEARCH_SHARE, move_groups: bool = False) -> None:
     """Offer the incumbent's placement, then each of `runners_up` (placements with a
-    schedule of theirs), with the order `order_search` finds from its own, all within
-    ORDER_SEARCH_SHARE of the time left, split evenly (what one leaves goes to the
-    next)."""
-    tg, k = problem.tg, problem.num_devices
+    schedule of theirs), with the order `order_search` finds from its own (with
+    `move_groups`, the placement and order `placement.refine.schedule_search` finds),
+    all within `share` of the time left, split evenly (what one leaves goes to the
+    next). The order search, a descent, may be the better of the two in a couple of
+    seconds: on Inception-V3's paper preset on two V100s (tasks of 1 ms on average), in
+    this round at the end, the annealing left the plan at 211.2 ms where the order
+    search had reached 211.1 (one run each, box idle)."""
+    tg = problem.tg
     incumbent.stage = "order search"
-    until = time.perf_counter() + ORDER_SEARCH_SHARE * max(0.0, deadline - time.perf_counter())
+    until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     gd = incumbent.group_device
-    schedule = (evaluate_order(tg, gd, incumbent.order) if incumbent.order is not None
-                else list_schedule(tg, gd, k))
-    candidates = [(gd, schedule, incumbent.source)] + [
+    candidates = [(gd, _incumbent_schedule(problem, incumbent), incumbent.source)] + [
         (other, own, "local search") for other, own in runners_up
         if not np.array_equal(other, gd)]
     for i, (gd, schedule, source) in enumerate(candidates):
         left = until - time.perf_counter()
-        found = order_search(tg, gd, schedule, rng=rng,
-                             deadline=time.perf_counter() + left / (len(candidates) - i))
-        incumbent.offer(gd, found.step_time_s, f"{source} + order search",
+        candidate_until = time.perf_counter() + left / (len(candidates) - i)
+        if move_groups:
+            gd, found = schedule_search(tg, gd, schedule, group_memory=problem.group_memory,
+                                        memory_cap=problem.memory_cap,
+                                        deadline=candidate_until, rng=rng)
+            how = "schedule search"
+        else:
+            found = order_search(tg, gd, schedule, rng=rng, deadline=candidate_until)
+            how = "order search"
+        incumbent.offer(gd, found.step_time_s, f"{source} + {how}",
                         [list(ts) for ts in found.order])
+
+
+def _incumbent_schedule(problem: Problem, incumbent: Incumbent) -> Schedule:
+    """The incumbent's schedule: its order's, else its placement's list schedule."""
+    if incumbent.order is not None:
+        return evaluate_order(problem.tg, incumbent.group_device, incumbent.order)
+    return list_schedule(problem.tg, incumbent.group_device, problem.num_devices)
 
 
 def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
@@ -811,9 +846,7 @@ def order_round(problem: Problem, backend: Backend, incumbent: Incumbent,
     alone, so it proves nothing about the problem and is dropped."""
     tg, k = problem.tg, problem.num_devices
     placed = incumbent.source
-    schedule = (evaluate_order(tg, incumbent.group_device, incumbent.order)
-                if incumbent.order is not None
-                else list_schedule(tg, incumbent.group_device, k))
+    schedule = _incumbent_schedule(problem, incumbent)
     device = canonical_devices(incumbent.group_device)
     num_used = int(device.max()) + 1
     incumbent.stage = "model build (order)"
