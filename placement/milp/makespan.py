@@ -18,12 +18,16 @@ the co-run slowdown of devices that share a host (CPU threads): with it the mode
 relaxation, so its bound still holds, and its placement is judged by the simulator
 and kept when better, never thrown away for disagreeing with the solver's claim.
 
-Large graphs are solved on a coarse task graph (chain clusters, each cluster's tasks
-of one phase and micro-batch run back to back), then expanded and refined with local
-search under the exact list-schedule simulator (`placement.refine`: moves of the
-critical chain's groups, the full single-move and swap neighbourhood, then kicks),
-whose micro-batch stagger is chosen per placement from STAGGER_FRACTIONS, and whose
-order is justified (`placement.refine.justified`) when the step has one micro-batch.
+Large graphs of one micro-batch are solved on a coarse task graph (chain clusters,
+each cluster's tasks of one phase and micro-batch run back to back), then expanded;
+every plan is refined with local search under the exact simulator (`placement.refine`:
+moves of the critical chain's groups, the full single-move and swap neighbourhood,
+then kicks), which orders a placement by list schedule or, with several micro-batches,
+by dispatch in time (`placement.simulate.dispatch_schedule`), at a micro-batch stagger
+from STAGGER_FRACTIONS, the way and the stagger chosen per placement (`Ordering`),
+and whose order is justified (`placement.refine.justified`) when the step has one
+micro-batch. With several micro-batches HEFT's placements with staggered ranks are
+starts too (`staggered_heft_round`).
 A coarse model's bound says nothing about the fine graph; with several micro-batches a relaxation without order decisions
 (`placement.milp.pipeline_bound`) gives one that sees fill, drain and transfers; on a
 graph of modules in sequence the blocks between articulation tasks, each solved alone
