@@ -65,19 +65,22 @@ def memory_first(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
 
 
 def heft(tg: TaskGraph, num_devices: int, group_memory: np.ndarray,
-         memory_cap: float) -> np.ndarray:
+         memory_cap: float, stagger_s: float = 0.0) -> np.ndarray:
     """HEFT (Topcuoglu et al. 2002): tasks by upward rank with average transfer costs;
     each group goes to the device where its first scheduled task finishes earliest
     (insertion into idle gaps), among devices with memory left for it (the one with the
     most memory left when none has: greedy can run out where a placement fits, and
-    the caller drops a placement that breaks the cap)."""
+    the caller drops a placement that breaks the cap). `stagger_s` lowers micro-batch
+    m's ranks by m x stagger_s, as `placement.simulate.list_schedule` does: the
+    timelines each group is placed against are then a pipeline's, where each
+    micro-batch runs ahead of the next, instead of every copy of an op side by side."""
     average_comm = (num_devices - 1) / num_devices
     group_device = np.full(tg.num_groups, -1, dtype=np.int64)
     used = np.zeros(num_devices)
     timelines = [DeviceTimeline() for _ in range(num_devices)]
     finish = np.zeros(tg.num_tasks)
     dev_of_task = np.full(tg.num_tasks, -1, dtype=np.int64)
-    for t in priority_order(tg, upward_rank(tg, average_comm)):
+    for t in priority_order(tg, upward_rank(tg, average_comm) - stagger_s * tg.micro_batch):
         g = tg.group[t]
         if group_device[g] >= 0:
             candidates = [int(group_device[g])]

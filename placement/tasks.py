@@ -118,6 +118,16 @@ class TaskGraph:
         return self.duration_s.tolist()
 
     @cached_property
+    def in_degree(self) -> np.ndarray:
+        """Per task: how many edges enter it."""
+        return np.bincount(self.edge_dst, minlength=self.num_tasks)
+
+    @cached_property
+    def micro_batch(self) -> np.ndarray:
+        """Per task: its micro-batch."""
+        return np.array([t.micro_batch for t in self.tasks], dtype=np.int64)
+
+    @cached_property
     def group_work_s(self) -> np.ndarray:
         return np.bincount(self.group, weights=self.duration_s, minlength=self.num_groups)
 

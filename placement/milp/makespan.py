@@ -18,12 +18,16 @@ the co-run slowdown of devices that share a host (CPU threads): with it the mode
 relaxation, so its bound still holds, and its placement is judged by the simulator
 and kept when better, never thrown away for disagreeing with the solver's claim.
 
-Large graphs are solved on a coarse task graph (chain clusters, each cluster's tasks
-of one phase and micro-batch run back to back), then expanded and refined with local
-search under the exact list-schedule simulator (`placement.refine`: moves of the
-critical chain's groups, the full single-move and swap neighbourhood, then kicks),
-whose micro-batch stagger is chosen per placement from STAGGER_FRACTIONS, and whose
-order is justified (`placement.refine.justified`) when the step has one micro-batch.
+Large graphs of one micro-batch are solved on a coarse task graph (chain clusters,
+each cluster's tasks of one phase and micro-batch run back to back), then expanded;
+every plan is refined with local search under the exact simulator (`placement.refine`:
+moves of the critical chain's groups, the full single-move and swap neighbourhood,
+then kicks), which orders a placement by list schedule or, with several micro-batches,
+by dispatch in time (`placement.simulate.dispatch_schedule`), at a micro-batch stagger
+from STAGGER_FRACTIONS, the way and the stagger chosen per placement (`Ordering`),
+and whose order is justified (`placement.refine.justified`) when the step has one
+micro-batch. With several micro-batches HEFT's placements with staggered ranks are
+starts too (`staggered_heft_round`).
 A coarse model's bound says nothing about the fine graph; with several micro-batches a relaxation without order decisions
 (`placement.milp.pipeline_bound`) gives one that sees fill, drain and transfers; on a
 graph of modules in sequence the blocks between articulation tasks, each solved alone
@@ -43,6 +47,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyomo.environ as pyo
@@ -72,6 +77,7 @@ from placement.simulate import (
     Schedule,
     busy_time,
     critical_chain,
+    dispatch_schedule,
     evaluate_order,
     list_schedule,
     order_by_start,
@@ -434,12 +440,13 @@ def solve_makespan(problem: Problem, backend: Backend, incumbent: Incumbent,
     result = _search(problem, backend, incumbent, deadline)
     if incumbent.order is not None:
         gd = incumbent.group_device
-        for fraction, stagger_s in zip(STAGGER_FRACTIONS, _staggers(problem)):
-            order = list_schedule(problem.tg, gd, problem.num_devices, stagger_s).order
-            if stagger_s and [list(ts) for ts in order] == [list(ts) for ts in
-                                                            incumbent.order]:
+        for fraction, order in zip(STAGGER_FRACTIONS * 2, _orderings(problem)):
+            made = _schedule(problem.tg, gd, problem.num_devices, order, False).order
+            if (order.stagger_s or order.dispatch) and [list(ts) for ts in made] == [
+                    list(ts) for ts in incumbent.order]:
+                how = "dispatch in time" if order.dispatch else "list schedule"
                 incumbent.notes.append(
-                    f"its order is the list schedule's with micro-batch m's ranks lowered "
+                    f"its order is the {how}'s with micro-batch m's ranks lowered "
                     f"by m x {fraction:g} of one micro-batch's work per device")
                 break
     return result
@@ -455,13 +462,39 @@ def _staggers(problem: Problem) -> list[float]:
     return [f * per_device_s for f in STAGGER_FRACTIONS]
 
 
+class Ordering(NamedTuple):
+    """How a placement's order is made: by `dispatch_schedule` or `list_schedule`, at
+    a micro-batch stagger."""
+
+    dispatch: bool
+    stagger_s: float
+
+
+#: The list schedule without a stagger, the one way with one micro-batch.
+PLAIN_ORDER = Ordering(False, 0.0)
+
+
+def _orderings(problem: Problem) -> list[Ordering]:
+    """The ways of ordering a placement that the search chooses from: the list
+    schedule at each stagger, and with several micro-batches the dispatch too."""
+    several = problem.tg.num_micro_batches > 1
+    return [Ordering(dispatch, s) for dispatch in ((False, True) if several else (False,))
+            for s in _staggers(problem)]
+
+
+def _best_ordering(problem: Problem, gd: np.ndarray) -> tuple[Ordering, Schedule]:
+    """Of `_orderings`, the one whose schedule of `gd` is shortest, and that schedule."""
+    tg, k = problem.tg, problem.num_devices
+    return min(((o, _schedule(tg, gd, k, o, False)) for o in _orderings(problem)),
+               key=lambda x: x[1].step_time_s)
+
+
 def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
             deadline: float) -> tuple[float, str]:
     tg, k = problem.tg, problem.num_devices
-    # The list schedule's micro-batch stagger, re-chosen for the best placement before
-    # each local search.
-    staggers = _staggers(problem)
-    stagger = 0.0
+    # How the search orders a placement, re-chosen for the best placement before each
+    # local search.
+    rule = PLAIN_ORDER
     # Justified orders, with one micro-batch only: there they cut gnmt 2x1's step from
     # 382.2 to 373.2 ms; with several the stagger orders the micro-batches, and the
     # threefold cost of a justified score left inception_v3 4x4 7% behind (113.8 ms
@@ -469,7 +502,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     justify = tg.num_micro_batches == 1
 
     def schedule_of(gd: np.ndarray):
-        return _schedule(tg, gd, k, stagger, justify)
+        return _schedule(tg, gd, k, rule, justify)
 
     def offer(gd: np.ndarray, source: str) -> None:
         # The order goes with the plan: a stagger or a justification made it, not the
@@ -478,20 +511,18 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
         incumbent.offer(gd, schedule.step_time_s, source,
                         [list(ts) for ts in schedule.order])
 
-    def pick_stagger() -> None:
-        nonlocal stagger
-        gd = incumbent.group_device
-        values = [list_schedule(tg, gd, k, stagger_s=s).step_time_s for s in staggers]
-        stagger = staggers[int(np.argmin(values))]
-        offer(gd, incumbent.source)
+    def pick_order() -> None:
+        nonlocal rule
+        rule = _best_ordering(problem, incumbent.group_device)[0]
+        offer(incumbent.group_device, incumbent.source)
 
     def score(gd: np.ndarray) -> tuple[float, np.ndarray]:
-        value = _score(tg, gd, k, stagger, justify)
+        value = _score(tg, gd, k, rule, justify)
         leaders.note(gd, value[0])
         return value
 
     def chain_score(gd: np.ndarray) -> tuple[tuple[float, float], list[int]]:
-        value = _chain_score(tg, gd, k, stagger, justify)
+        value = _chain_score(tg, gd, k, rule, justify)
         leaders.note(gd, value[0][0])
         return value
 
@@ -500,7 +531,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
         # improves: each escapes the other's local optima.
         incumbent.stage = "local search"
         until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
-        pick_stagger()
+        pick_order()
         while time.perf_counter() < until:
             before = incumbent.value
             gd, _ = chain_search(incumbent.group_device, chain_score, num_devices=k,
@@ -543,6 +574,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     # parts (DECOMPOSE_SHARE).
     parts_placed = tg.num_micro_batches == 1 and decompose_round(problem, incumbent,
                                                                  deadline)
+    staggered_heft_round(problem, incumbent)
     # Local search first hands the MILP a better incumbent (tighter windows), but
     # must leave it time.
     if not parts_placed:
@@ -572,15 +604,22 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
                                f"more than {MAX_PAIRS}): kept local search's plan")
         refine(1.0 - reserve() / max(deadline - time.perf_counter(), 1e-9))
         return relaxed_bound, "time_limit"
-    if clusters is None:
-        ctg, members = tg, [[t] for t in range(tg.num_tasks)]
-        unit_of_group = np.arange(tg.num_groups)
-    else:
-        ctg, members = coarse_task_graph(tg, clusters)
-        unit_of_group = np.arange(len(clusters))
-    share = FINE_SHARE if clusters is None else COARSE_SHARE
     bound, status = -math.inf, "time_limit"
-    if worth_a_round(problem, deadline):
+    if clusters is not None and tg.num_micro_batches > 1:
+        # A coarse model proves nothing, and with several micro-batches its plans
+        # never won (the 4-micro-batch rows of benchmarks.md table 5): on Inception-V3
+        # 4x4 its 12 clusters took 12 s of a minute, which the search uses better.
+        incumbent.notes.append(f"with {tg.num_micro_batches} micro-batches the step-time "
+                               f"model runs on the fine graph only (here {label}): not "
+                               "solved")
+    elif worth_a_round(problem, deadline):
+        if clusters is None:
+            ctg, members = tg, [[t] for t in range(tg.num_tasks)]
+            unit_of_group = np.arange(tg.num_groups)
+        else:
+            ctg, members = coarse_task_graph(tg, clusters)
+            unit_of_group = np.arange(len(clusters))
+        share = FINE_SHARE if clusters is None else COARSE_SHARE
         round_deadline = time.perf_counter() + share * (deadline - time.perf_counter())
         bound, status = _makespan_round(problem, backend, incumbent, ctg, members,
                                         unit_of_group, clusters, label, round_deadline,
@@ -597,8 +636,10 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     return max(bound, relaxed_bound), status
 
 
-def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justify: bool):
-    schedule = list_schedule(tg, gd, k, stagger_s=stagger_s)
+def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool):
+    if order.dispatch:
+        return dispatch_schedule(tg, gd, k, stagger_s=order.stagger_s)
+    schedule = list_schedule(tg, gd, k, stagger_s=order.stagger_s)
     return justified(tg, gd, k, schedule) if justify else schedule
 
 
@@ -608,23 +649,49 @@ def _last_finishes(schedule, k: int) -> np.ndarray:
     return last
 
 
-def _score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justify: bool
+def _score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool
            ) -> tuple[float, np.ndarray]:
     """The step time and, to pick moves and break ties, each device's last finish."""
-    schedule = _schedule(tg, gd, k, stagger_s, justify)
+    schedule = _schedule(tg, gd, k, order, justify)
     return schedule.step_time_s, _last_finishes(schedule, k) + 1e-9 * busy_time(tg, gd, k)
 
 
-def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, stagger_s: float, justify: bool
+def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool
                  ) -> tuple[tuple[float, float], list[int]]:
     """(step time, sum of the devices' last finishes) and the critical chain's groups."""
-    schedule = _schedule(tg, gd, k, stagger_s, justify)
+    schedule = _schedule(tg, gd, k, order, justify)
     groups = dict.fromkeys(tg.group[critical_chain(tg, schedule)].tolist())
     return (schedule.step_time_s, float(_last_finishes(schedule, k).sum())), list(groups)
 
 
+def _fits(problem: Problem, gd: np.ndarray) -> bool:
+    return bool(np.bincount(gd, weights=problem.group_memory,
+                            minlength=problem.num_devices).max() <= problem.memory_cap)
+
+
+def staggered_heft_round(problem: Problem, incumbent: Incumbent) -> None:
+    """Offer the best, by its best order (`_best_ordering`), of HEFT's placements with
+    micro-batch m's ranks lowered by m x each of the staggers (`heuristics.heft`);
+    several micro-batches only. On Inception-V3's paper preset on four V100s with four
+    micro-batches (a minute's search from HEFT reached 103-108 ms) a stagger of 0.2
+    puts the stem's first four ops on one device and its last three on another, the
+    pipeline the search then takes to 97-99 ms."""
+    tg, k = problem.tg, problem.num_devices
+    if tg.num_micro_batches == 1:
+        return
+    incumbent.stage = "staggered heft"
+    for fraction, stagger_s in zip(STAGGER_FRACTIONS[1:], _staggers(problem)[1:]):
+        gd = heuristics.heft(tg, k, problem.group_memory, problem.memory_cap, stagger_s)
+        if not _fits(problem, gd):
+            continue
+        schedule = _best_ordering(problem, gd)[1]
+        incumbent.offer(gd, schedule.step_time_s,
+                        f"heuristic:heft staggered by {fraction:g}",
+                        [list(ts) for ts in schedule.order])
+
+
 def split_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None:
-    """Offer the best, by its list schedule at its best stagger, of the max-load-optimal
+    """Offer the best, by its best order (`_best_ordering`), of the max-load-optimal
     contiguous splits (`heuristics.contiguous_split`) of evenly spaced rotations of the
     joined group sequences (`placement.sequences.joined_sequences`), within SPLIT_SHARE
     of the time left; several micro-batches only. A rotation puts both ends of the
@@ -640,7 +707,6 @@ def split_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None
     incumbent.stage = "contiguous splits"
     until = time.perf_counter() + SPLIT_SHARE * max(0.0, deadline - time.perf_counter())
     root = join_roots(side_inputs(tg, problem.group_memory, problem.memory_cap))
-    staggers = _staggers(problem)
     # Both sequences' rotations in turn, so that a short share still tries each.
     sequences = joined_sequences(tg, root)
     rotations = sorted((r, i) for i, seq in enumerate(sequences)
@@ -652,11 +718,9 @@ def split_round(problem: Problem, incumbent: Incumbent, deadline: float) -> None
         seq = sequences[i]
         gd = heuristics.contiguous_split(tg, k, problem.group_memory, problem.memory_cap,
                                          seq[r:] + seq[:r])
-        if np.bincount(gd, weights=problem.group_memory,
-                       minlength=k).max() > problem.memory_cap:
+        if not _fits(problem, gd):
             continue
-        schedule = min((list_schedule(tg, gd, k, stagger_s=s) for s in staggers),
-                       key=lambda sch: sch.step_time_s)
+        schedule = _best_ordering(problem, gd)[1]
         if best is None or schedule.step_time_s < best[1].step_time_s:
             best = (gd, schedule)
     if best is not None:
@@ -690,7 +754,7 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
                    ) -> np.ndarray:
         # Each start is searched until its kicks stop paying (the search's local
         # optimum), then the next; the best wins.
-        scored = sorted(((_score(part, g, k, 0.0, justify)[0], i)
+        scored = sorted(((_score(part, g, k, PLAIN_ORDER, justify)[0], i)
                          for i, g in enumerate(starts)))
         best, best_value = starts[scored[0][1]], scored[0][0]
         for _, i in scored:
@@ -709,7 +773,7 @@ def decompose_round(problem: Problem, incumbent: Incumbent, deadline: float) -> 
         incumbent.notes.append("the block decomposition's placement breaks the memory "
                                "cap; not offered")
         return False
-    schedule = _schedule(tg, gd, k, 0.0, True)
+    schedule = _schedule(tg, gd, k, PLAIN_ORDER, True)
     return incumbent.offer(gd, schedule.step_time_s, "heuristic:block decomposition",
                            [list(ts) for ts in schedule.order]) and not one_part
 
@@ -725,7 +789,7 @@ def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
     zero = np.zeros(part.num_groups)
 
     def chain_score(g: np.ndarray):
-        return _chain_score(part, g, k, 0.0, justify)
+        return _chain_score(part, g, k, PLAIN_ORDER, justify)
 
     gd, _, _ = chain_sweep(gd, chain_score(gd), chain_score, k, zero, 1.0, until)
     return kicked_search(gd, chain_score, num_devices=k, group_memory=zero, memory_cap=1.0,

@@ -11,7 +11,9 @@ import pytest
 
 from placement.milp.block_bound import blocks
 from placement import heuristics
+from placement.milp.solve import solve_plan
 from placement.milp.block_bound import sub_graph
+from placement.milp.backends import BACKENDS
 from placement.milp.decompose import (
     _free_crossings,
     _relabel,
@@ -141,3 +143,12 @@ def test_a_part_bound_frees_only_the_transfers_between_its_blocks():
         for e in range(len(sub.edge_src)):
             expected = sub.edge_transfer_s[e] if e in inside else 0.0
             assert freed.edge_transfer_s[e] == expected
+
+
+@pytest.mark.skipif(not BACKENDS["highs"].is_available(), reason="highs not installed")
+def test_the_solve_places_the_parts_without_a_warning():
+    # The whole one-micro-batch solve, whose decomposition round orders the assembled
+    # placement: a failure there left HEFT's plan with a warning.
+    p = problem(modules(0, 2, training=True), 2, "makespan", time_limit_s=4.0)
+    plan = solve_plan(p, "highs")
+    assert not any("warning" in n for n in plan.notes), plan.notes

@@ -13,7 +13,7 @@ from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import contiguous_split, group_sequence, heft
 from placement.io import load_graph
 from placement.planner import InfeasiblePlacementError, PlanConfig, make_problem, plan
-from placement.simulate import max_load
+from placement.simulate import dispatch_schedule, list_schedule, max_load
 from tests.placement.test_simulate import random_dags, tasks
 
 
@@ -67,6 +67,33 @@ def test_heft_keeps_colocation_groups_together():
     tg = tasks(OpGraph(ops=ops, edges=()))
     assignment = tg.assignment(heft(tg, 3, np.zeros(tg.num_groups), np.inf))
     assert assignment[0] == assignment[2]
+
+
+def test_a_stagger_lets_heft_place_a_stem_and_its_branches_as_a_pipeline():
+    # A stem (ops 0 and 1, 4 and 2 s) forks into two 3 s branches that join in a
+    # 1 s op; backward twice forward, 1 s per transfer, 4 micro-batches, 2 devices.
+    # Plain HEFT ranks the copies of an op alike and puts the stem's first op and a
+    # branch together (30 s at best); a stagger of 0.2 of a micro-batch's work per
+    # device (as the step-time search tries it) gives the best of all 32 placements,
+    # each judged by its best list schedule or dispatch at the search's staggers.
+    times = [4.0, 2.0, 3.0, 3.0, 1.0]
+    ops = tuple(Op(id=i, name=f"op{i}", forward_s={"any": t}, backward_s={"any": 2 * t})
+                for i, t in enumerate(times))
+    edges = tuple(Edge(src=s, dst=d, cost_s=1.0)
+                  for s, d in ((0, 1), (1, 2), (1, 3), (2, 4), (3, 4)))
+    tg = tasks(OpGraph(ops=ops, edges=edges), k=4)
+    per_device = float(tg.duration_s.sum()) / 4 / 2
+
+    def step(gd):
+        return min(schedule(tg, np.asarray(gd), 2, f * per_device).step_time_s
+                   for schedule in (list_schedule, dispatch_schedule)
+                   for f in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4))
+
+    best = min(step(gd) for gd in itertools.product(range(2), repeat=len(times)))
+    free = np.zeros(tg.num_groups)
+    assert step(heft(tg, 2, free, 1.0)) == pytest.approx(30.0)
+    assert step(heft(tg, 2, free, 1.0, 0.2 * per_device)) == pytest.approx(best)
+    assert best == pytest.approx(21.5)
 
 
 def test_plan_never_beaten_by_one_device_and_within_bounds(peer_graphs):

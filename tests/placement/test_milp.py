@@ -299,9 +299,11 @@ def recurrent(num_steps: int) -> OpGraph:
 @pytest.mark.skipif(not installed("highs"), reason="highs not installed")
 def test_a_colocation_group_across_time_steps_is_no_cycle():
     """GNMT's paper preset on 2 devices with 4 micro-batches made the coarse step-time
-    model report 'the graph has a cycle' against a DAG."""
+    model report 'the graph has a cycle' against a DAG. (A gap of 0.1%: the staggered
+    HEFT's plan, 290 against a bound of 288.75, is within 1% and ends the solve before
+    the coarsening.)"""
     p = problem(recurrent(24), 2, "makespan", num_micro_batches=4, time_limit_s=6.0,
-                gap=0.01)
+                gap=0.001)
     started = time.perf_counter()
     plan = solve_plan(p, "highs")
     assert time.perf_counter() - started < 6.0 + 10.0
