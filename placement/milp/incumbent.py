@@ -41,6 +41,8 @@ class Incumbent:
         return False
 
 
+#: How a plan's source starts when a baseline placer (maybe refined) made it.
+HEURISTIC = "heuristic:"
 LOCAL_SEARCH = " + local search"
 
 

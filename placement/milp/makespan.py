@@ -60,6 +60,7 @@ from placement.milp.block_bound import BlockBound, block_bound
 from placement.milp.decompose import decomposed_placement, largest_part, part_gain
 from placement.milp.energy_relaxation import solve_energy_relaxation
 from placement.milp.incumbent import (
+    HEURISTIC,
     Incumbent,
     believable,
     placement_fits,
@@ -877,7 +878,7 @@ def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
     until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     gd = incumbent.group_device
     candidates = [(gd, _incumbent_schedule(problem, incumbent), incumbent.source)] + [
-        (other, own, "local search") for other, own in runners_up
+        (other, own, f"{HEURISTIC}local search") for other, own in runners_up
         if not np.array_equal(other, gd)]
     for i, (gd, schedule, source) in enumerate(candidates):
         left = until - time.perf_counter()

@@ -24,6 +24,7 @@ from placement.segment_bound import segment_bound
 from placement.sequence_dp import relaxed_bound, sequence_dp
 from placement.sequences import joined_sequences
 from placement.milp.incumbent import (
+    HEURISTIC,
     Incumbent,
     believable,
     placement_fits,
@@ -83,8 +84,6 @@ WINDOW_SECONDS = 15.0
 WINDOW_MIN_SECONDS = 1.0
 #: Share of the time left that local search may take before a MILP round.
 REFINE_SHARE = 0.2
-#: How a plan's source starts when a baseline placer (maybe refined) made it.
-HEURISTIC = "heuristic:"
 
 
 def solve_plan(problem: Problem, solver: str,
@@ -109,7 +108,9 @@ def solve_plan(problem: Problem, solver: str,
             f"warning: the {problem.config.objective} MILP failed in its {incumbent.stage} "
             f"stage ({type(exc).__name__}: {exc}); kept the best plan so far")
         bound, status = incumbent.proven_bound, "time_limit"
-    by_solver = not incumbent.source.startswith(HEURISTIC)
+    # Every plan a solver's model made (maybe refined after) is named from the backend;
+    # the baselines, the DPs and the searches from their placements are not.
+    by_solver = incumbent.source.startswith(backend.name)
     if incumbent.rejected:
         bound, status = incumbent.proven_bound, "time_limit"
     bound = min(max(bound, problem.lower_bound()), incumbent.value)

@@ -460,3 +460,15 @@ def test_leaders_keep_only_the_better_of_two_near_placements():
                            (7.0, [1, 1, 0])]:
         leaders.note(np.array(devices), value)
     assert [p.tolist() for p in leaders.placements()] == [[0, 0, 1], [1, 1, 1]]
+
+
+@pytest.mark.solver
+@pytest.mark.skipif(not installed("highs"), reason="highs not installed")
+@pytest.mark.parametrize("seed, maker", [(5, "ideal-dp"), (9, "contiguous-dp")])
+def test_a_plan_the_dps_made_is_not_credited_to_the_solver(seed, maker):
+    """The sequence and ideal DPs make these plans before any model is built, and
+    HiGHS only proves them optimal: the plan's solver names the DP, as its note does."""
+    plan = solve_plan(problem(training_dag(seed, 6), 3, "max-load"), "highs")
+    assert plan.status == "optimal"
+    assert plan.solver.startswith(maker)
+    assert f"plan from {plan.solver}" in plan.notes
