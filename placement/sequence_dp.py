@@ -40,7 +40,8 @@ from placement.tied_units import TiedUnits, tied_units
 
 #: States one layer may hold; past it the layer keeps the least loaded (a beam), so
 #: the test at that L can still find a plan but proves nothing.
-MAX_STATES = 50_000
+import os
+MAX_STATES = int(os.environ.get("CAP", "50000"))
 #: Before bisecting, one test just under the incumbent (this share below it) looks for a
 #: better plan with a narrower beam (`MAX_STATES` / `TOP_BEAM_DIVISOR` states a layer):
 #: near the incumbent almost every state survives, so the test is a beam search, and a
@@ -74,6 +75,7 @@ RELAXED_FIRST_STEP = 0.005
 #: takes: a test above what the relaxation can prove walks every layer (8.6 s on
 #: decomposed ResNet-50 at 1.137 W/4 under load 4), one below it stops early (1-2 s).
 RELAXED_REACH = 0.25
+TIED_ROOM_SHARES = np.array([1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
 
 
 @dataclass(frozen=True, eq=False)
@@ -256,8 +258,12 @@ class _Model:
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
         tied = tied_units(self.work, self.members, self.cost, k, lim, float(self.rest[0]))
-        ahead = self.rest + 2 * suffix_charges(self.work, self.members, self.cost, bound,
-                                               tied.joined(self.n))
+        marked = np.zeros(self.n, dtype=bool)
+        for units in tied.units:
+            marked[units] = True
+        ahead = self.rest + 2 * np.stack([
+            suffix_charges(self.work, self.members, self.cost, bound, tied.joined(self.n),
+                           marked, share * bound) for share in TIED_ROOM_SHARES])
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
@@ -283,7 +289,9 @@ class _Model:
             if i in self.releases:
                 new_loads, new_masks, new_debt, parent, device = self._with_releases(
                     i, masks, col, new_loads, new_masks, new_debt, parent, device)
-            slack = k * lim - new_loads.sum(axis=1) - new_debt - ahead[i + 1]
+            slack = (k * lim - new_loads.sum(axis=1) - new_debt
+                     - ahead[_tied_room_row(new_loads, new_masks, new_open, i, lim, tied),
+                             i + 1])
             keep = ((new_loads.max(axis=1) <= lim) & (slack >= 0)
                     & self._forced_fit(new_loads, new_masks, new_open, i, slack, lim,
                                        tied))
@@ -408,6 +416,21 @@ def _release_table(pools: list[tuple[int | None, Pool]]) -> tuple[np.ndarray, ..
     padded = np.array([options + options[-1:] * (width - len(options))
                        for options in table]).reshape(len(table), width, 3)
     return padded[:, :, 0], padded[:, :, 1], padded[:, :, 2]
+
+
+def _tied_room_row(loads, masks, open_ids, i, lim, tied: TiedUnits) -> np.ndarray:
+    """Per state, the row of TIED_ROOM_SHARES (descending) of the least share of L
+    at least the room of every device holding a tied component with units still
+    to place: a segment holding such units lies on that device."""
+    if tied.starts_after(i):  # its units may go to any device
+        return np.zeros(len(loads), dtype=np.int64)
+    room = np.zeros(len(loads))
+    for q, _ in _open_components(tied, open_ids, i):
+        single = (masks[:, q] & (masks[:, q] - 1)) == 0
+        held = np.log2(np.maximum(masks[:, q], 1)).astype(np.int64)
+        room = np.maximum(room, np.where(single, lim - loads[np.arange(len(loads)), held],
+                                         lim))
+    return (TIED_ROOM_SHARES[None, :] * lim >= room[:, None]).sum(axis=1) - 1
 
 
 def _open_components(tied: TiedUnits | None, open_ids: list[int],

@@ -63,16 +63,22 @@ POCKET_UNITS = 2
 
 def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
                    cost: np.ndarray, bound: float,
-                   joined: np.ndarray | None = None) -> np.ndarray:
+                   joined: np.ndarray | None = None, tied: np.ndarray | None = None,
+                   tied_bound: float | None = None) -> np.ndarray:
     """T_j(bound) for j = 0..n (T_n = 0; inf where no reading fits: a unit heavier
     than `bound`). `members`: per sender its units, sorted; `cost`: per sender.
     `joined[e]`: units e and e+1 share a device in every placement within `bound`
-    (`tied_units`), so no segment ends at e."""
+    (`tied_units`), so no segment ends at e. `tied_bound` (at most `bound`): the work
+    limit of a segment holding a unit that `tied` marks."""
     n = len(work)
     prefix = np.concatenate([[0.0], np.cumsum(work)])
     limit = bound * (1 + SLACK)
     last = np.searchsorted(prefix, prefix[:-1] + limit, side="right") - 2
     fits = last >= np.arange(n)  # the unit alone fits
+    marked = np.flatnonzero(tied) if tied is not None else np.array([], dtype=np.int64)
+    next_tied = np.concatenate([marked, [n]])[np.searchsorted(marked, np.arange(n))]
+    last_tied = np.searchsorted(prefix, prefix[:-1] + (
+        bound if tied_bound is None else tied_bound) * (1 + SLACK), side="right") - 2
     width = int((np.maximum(last, np.arange(n)) - np.arange(n)).max(initial=0)) + 1
     spans = _spans(members, cost, n, width)
     best = np.full((n + 1, width), math.inf)  # best[s, e - s] = F(s, e)
@@ -84,6 +90,7 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
     for e in range(n - 1, -1, -1):
         starts = np.arange(max(0, e - width + 1), e + 1)
         ok = fits[starts] & (last[starts] >= e) & (joined is None or not joined[e])
+        ok &= (next_tied[starts] > e) | (last_tied[starts] >= e)
         if e == n - 1:
             values = np.zeros(len(starts))
         else:
