@@ -34,7 +34,7 @@ import numpy as np
 
 from placement.ideal_dp import merged_senders
 from placement.pooled_work import Pool, anchored_pools, releases
-from placement.suffix_charge import suffix_charges
+from placement.suffix_charge import first_segment_charges
 from placement.tasks import TaskGraph
 from placement.tied_units import TiedUnits, tied_units
 
@@ -261,9 +261,10 @@ class _Model:
         marked = np.zeros(self.n, dtype=bool)
         for units in tied.units:
             marked[units] = True
-        ahead = self.rest + 2 * np.stack([
-            suffix_charges(self.work, self.members, self.cost, bound, tied.joined(self.n),
-                           marked, share * bound) for share in TIED_ROOM_SHARES])
+        first = np.stack([
+            first_segment_charges(self.work, self.members, self.cost, bound,
+                                  tied.joined(self.n), marked, share * bound)
+            for share in TIED_ROOM_SHARES])
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
@@ -289,12 +290,15 @@ class _Model:
             if i in self.releases:
                 new_loads, new_masks, new_debt, parent, device = self._with_releases(
                     i, masks, col, new_loads, new_masks, new_debt, parent, device)
-            slack = (k * lim - new_loads.sum(axis=1) - new_debt
-                     - ahead[_tied_room_row(new_loads, new_masks, new_open, i, lim, tied),
-                             i + 1])
-            keep = ((new_loads.max(axis=1) <= lim) & (slack >= 0)
-                    & self._forced_fit(new_loads, new_masks, new_open, i, slack, lim,
-                                       tied))
+            room = k * lim - new_loads.sum(axis=1) - new_debt - self.rest[i + 1]
+            ahead, with_open = self._ahead(
+                first, _tied_room_row(new_loads, new_masks, new_open, i, lim, tied),
+                new_masks, new_open, i)
+            # The forced fit adds what cutting an open sender costs to the slack that
+            # leaves the open senders out.
+            keep = ((new_loads.max(axis=1) <= lim) & (room >= with_open)
+                    & self._forced_fit(new_loads, new_masks, new_open, i, room - ahead,
+                                       lim, tied))
             if not keep.any():
                 return None, proven, True
             new_loads, new_masks, new_debt = new_loads[keep], new_masks[keep], new_debt[keep]
@@ -321,6 +325,37 @@ class _Model:
             open_ids = new_open
             layer_ends.append(time.perf_counter())
         return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven, True
+
+    def _ahead(self, first, rows, masks, open_ids, i) -> tuple[np.ndarray, np.ndarray]:
+        """Per state, the least the loads must still grow by in charges: of the senders
+        first met after i, and of those and the open senders. Where the run of units
+        i+1..e on one device g starts what follows, the former add twice their
+        reading's charge (`first[row, i + 1, e - i - 1]`), and each open sender with a
+        unit in that run and none on g yet adds its cost on g, and again on its one
+        device where it had one (`_place`)."""
+        if i + 1 >= self.n:
+            return np.zeros(len(masks)), np.zeros(len(masks))
+        charge = 2 * first[:, i + 1, :]  # per row and run length
+        width = charge.shape[1]
+        nxt = np.array([self.members[j][np.searchsorted(self.members[j], i + 1)]
+                        for j in open_ids], dtype=np.int64) - (i + 1)
+        order = np.argsort(nxt, kind="stable")
+        # Run lengths [cut[q], cut[q + 1]) hold the first q open senders' next units.
+        cut = np.concatenate([[0], np.minimum(nxt[order], width), [width]])
+        least = np.full((charge.shape[0], len(cut) - 1), math.inf)
+        for q in range(len(cut) - 1):
+            if cut[q] < cut[q + 1]:
+                least[:, q] = charge[:, cut[q]:cut[q + 1]].min(axis=1)
+        paid = np.zeros((len(masks), len(cut) - 1, self.k))
+        bits = 1 << np.arange(self.k)
+        for q, col in enumerate(order.tolist()):
+            m = masks[:, col]
+            single = (m & (m - 1)) == 0
+            off = (m[:, None] & bits[None, :]) == 0
+            add = float(self.cost[open_ids[col]]) * off * (1.0 + single)[:, None]
+            paid[:, q + 1] = paid[:, q] + add
+        least = least[rows]
+        return least.min(axis=1), (least[:, :, None] + paid).min(axis=(1, 2))
 
     def _with_releases(self, i, masks, col, loads, new_masks, debt, parent, device):
         """The states with each release of unit i's pooled work (`pooled_work`): those

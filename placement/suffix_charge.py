@@ -70,6 +70,20 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
     `joined[e]`: units e and e+1 share a device in every placement within `bound`
     (`tied_units`), so no segment ends at e. `tied_bound` (at most `bound`): the work
     limit of a segment holding a unit that `tied` marks."""
+    charges = first_segment_charges(work, members, cost, bound, joined, tied,
+                                    tied_bound).min(axis=1)
+    charges[len(work)] = 0.0
+    return charges
+
+
+def first_segment_charges(work: np.ndarray, members: Sequence[Sequence[int]],
+                          cost: np.ndarray, bound: float,
+                          joined: np.ndarray | None = None,
+                          tied: np.ndarray | None = None,
+                          tied_bound: float | None = None) -> np.ndarray:
+    """F(j, j + x) at [j, x] for j = 0..n-1 (row n: inf): the least charge of the
+    readings of units j.. whose first segment is j..j+x (inf where none fits); the
+    arguments as in `suffix_charges`."""
     n = len(work)
     prefix = np.concatenate([[0.0], np.cumsum(work)])
     limit = bound * (1 + SLACK)
@@ -85,8 +99,6 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
     # pocket[size, y, x]: P of the pocket y..y+size-1 and a segment after it of x + 1
     # units.
     pocket = np.full((POCKET_UNITS + 1, n + 1, width), math.inf)
-    charges = np.full(n + 1, math.inf)
-    charges[n] = 0.0
     for e in range(n - 1, -1, -1):
         starts = np.arange(max(0, e - width + 1), e + 1)
         ok = fits[starts] & (last[starts] >= e) & (joined is None or not joined[e])
@@ -107,8 +119,7 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
                                     _around_pocket(grid, pocket[size, e + 1], prefix,
                                                    starts, e, size, limit))
         best[starts, e - starts] = np.where(ok, values, math.inf)
-    charges[:n] = best[:n].min(axis=1)
-    return charges
+    return best
 
 
 def _charge_grid(span, s0: int, rows: int, e: int, cols: int) -> np.ndarray:
