@@ -75,7 +75,8 @@ RELAXED_FIRST_STEP = 0.005
 #: takes: a test above what the relaxation can prove walks every layer (8.6 s on
 #: decomposed ResNet-50 at 1.137 W/4 under load 4), one below it stops early (1-2 s).
 RELAXED_REACH = 0.25
-TIED_ROOM_SHARES = np.array([1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
+TIED_ROOM_SHARES = np.array(eval(os.environ.get("SHARES", "[1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7]")))
+CHARGE_REUSE = 0.002
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,6 +236,7 @@ class _Model:
                 self.at[x].append(j)
         walk = self.work + self.home
         self.rest = np.concatenate([np.cumsum(walk[::-1])[::-1], [0.0]]) + self.fluid
+        self._charges: tuple[float, np.ndarray] | None = None
 
     def max_load(self, unit_device: np.ndarray) -> float:
         loads = np.bincount(unit_device, weights=self.work + self.home, minlength=self.k)
@@ -258,13 +260,7 @@ class _Model:
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
         tied = tied_units(self.work, self.members, self.cost, k, lim, float(self.rest[0]))
-        marked = np.zeros(self.n, dtype=bool)
-        for units in tied.units:
-            marked[units] = True
-        first = np.stack([
-            first_segment_charges(self.work, self.members, self.cost, bound,
-                                  tied.joined(self.n), marked, share * bound)
-            for share in TIED_ROOM_SHARES])
+        table_bound, first = self._first_segment_charges(bound)
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
@@ -292,7 +288,8 @@ class _Model:
                     i, masks, col, new_loads, new_masks, new_debt, parent, device)
             room = k * lim - new_loads.sum(axis=1) - new_debt - self.rest[i + 1]
             ahead, with_open = self._ahead(
-                first, _tied_room_row(new_loads, new_masks, new_open, i, lim, tied),
+                first, _tied_room_row(new_loads, new_masks, new_open, i, lim, tied,
+                                      table_bound * (1 + SLACK)),
                 new_masks, new_open, i)
             # The forced fit adds what cutting an open sender costs to the slack that
             # leaves the open senders out.
@@ -325,6 +322,25 @@ class _Model:
             open_ids = new_open
             layer_ends.append(time.perf_counter())
         return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven, True
+
+    def _first_segment_charges(self, bound: float) -> tuple[float, np.ndarray]:
+        """The bound B and `first_segment_charges` at B with the tied segments limited
+        to TIED_ROOM_SHARES of it: computed at `bound`, or kept from an earlier test
+        at a B at most CHARGE_REUSE above it (the tables cost more than a short test).
+        Tables at B >= L hold at L: a reading within L is one within B, and ties at B
+        are ties at L, each of its components within one of L's."""
+        if self._charges is None or not bound <= self._charges[0] <= bound * (
+                1 + CHARGE_REUSE):
+            lim = bound * (1 + SLACK)
+            tied = tied_units(self.work, self.members, self.cost, self.k, lim,
+                              float(self.rest[0]))
+            marked = np.zeros(self.n, dtype=bool)
+            for units in tied.units:
+                marked[units] = True
+            self._charges = (bound, first_segment_charges(
+                self.work, self.members, self.cost, bound, tied.joined(self.n), marked,
+                TIED_ROOM_SHARES * bound))
+        return self._charges
 
     def _ahead(self, first, rows, masks, open_ids, i) -> tuple[np.ndarray, np.ndarray]:
         """Per state, the least the loads must still grow by in charges: of the senders
@@ -453,10 +469,11 @@ def _release_table(pools: list[tuple[int | None, Pool]]) -> tuple[np.ndarray, ..
     return padded[:, :, 0], padded[:, :, 1], padded[:, :, 2]
 
 
-def _tied_room_row(loads, masks, open_ids, i, lim, tied: TiedUnits) -> np.ndarray:
-    """Per state, the row of TIED_ROOM_SHARES (descending) of the least share of L
-    at least the room of every device holding a tied component with units still
-    to place: a segment holding such units lies on that device."""
+def _tied_room_row(loads, masks, open_ids, i, lim, tied: TiedUnits,
+                   table_lim: float) -> np.ndarray:
+    """Per state, the row of TIED_ROOM_SHARES (descending) of the least share of
+    `table_lim` at least the room of every device holding a tied component with units
+    still to place: a segment holding such units lies on that device."""
     if tied.starts_after(i):  # its units may go to any device
         return np.zeros(len(loads), dtype=np.int64)
     room = np.zeros(len(loads))
@@ -465,7 +482,7 @@ def _tied_room_row(loads, masks, open_ids, i, lim, tied: TiedUnits) -> np.ndarra
         held = np.log2(np.maximum(masks[:, q], 1)).astype(np.int64)
         room = np.maximum(room, np.where(single, lim - loads[np.arange(len(loads)), held],
                                          lim))
-    return (TIED_ROOM_SHARES[None, :] * lim >= room[:, None]).sum(axis=1) - 1
+    return (TIED_ROOM_SHARES[None, :] * table_lim >= room[:, None]).sum(axis=1) - 1
 
 
 def _open_components(tied: TiedUnits | None, open_ids: list[int],
