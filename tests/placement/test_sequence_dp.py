@@ -4,6 +4,7 @@ those are loose, and under a tiny cap a real plan but no proof."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -179,3 +180,25 @@ def test_a_sender_too_dear_to_cut_forces_its_later_members_onto_its_device():
     assert fits(4.0)
     model.cost = np.array([0.5])
     assert fits(3.5)
+
+
+def _model_optimum(model: _Model) -> float:
+    return min(model.max_load(np.array(placement))
+               for placement in itertools.product(range(model.k), repeat=model.n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6), st.booleans())
+def test_a_test_at_the_optimum_never_proves_it_out(seed, dear):
+    """The checks that read ahead (each run's reading, the open senders it cuts, tied
+    segments within their device's room) drop no state of an optimal placement: at
+    the optimum a test finds a plan. Senders 4 times dearer tie units (a component's
+    device then holds a placed unit and units still to come)."""
+    p, units, _ = _case(seed)
+    model = _Model(p.tg, units, p.num_devices)
+    if dear:
+        model.cost = 4 * model.cost
+    optimum = _model_optimum(model)
+    found, proven, finished = model.placement_within(optimum, math.inf, 10**6)
+    assert finished and found is not None
+    assert model.max_load(found) == pytest.approx(optimum, rel=1e-9)
