@@ -19,6 +19,7 @@ from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
 from placement.sequence_dp import (
     BOUND_RESOLUTION,
+    TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
     relaxed_bound,
@@ -202,3 +203,22 @@ def test_a_test_at_the_optimum_never_proves_it_out(seed, dear):
     found, proven, finished = model.placement_within(optimum, math.inf, 10**6)
     assert finished and found is not None
     assert model.max_load(found) == pytest.approx(optimum, rel=1e-9)
+
+
+@pytest.mark.parametrize("variant, seed", [("open senders charged on their own devices", 1),
+                                           ("tied segments within the least room", 2)])
+def test_the_optimum_check_catches_an_over_strong_read_ahead(monkeypatch, variant, seed):
+    """The check has teeth: charging each open sender in the first run even on a device
+    that holds it already, or limiting every tied segment to the least share of L
+    whatever its device's room, proves the optimum out (seeds 1 and 2)."""
+    if variant.startswith("open"):
+        real = _Model._ahead
+        monkeypatch.setattr(_Model, "_ahead", lambda self, first, rows, masks, open_ids, i:
+                            real(self, first, rows, masks & 0, open_ids, i))
+    else:
+        monkeypatch.setattr("placement.sequence_dp._tied_room_row", lambda loads, *rest:
+                            np.full(len(loads), len(TIED_ROOM_SHARES) - 1))
+    p, units, _ = _case(seed)
+    model = _Model(p.tg, units, p.num_devices)
+    found, _, _ = model.placement_within(_model_optimum(model), math.inf, 10**6)
+    assert found is None
