@@ -68,40 +68,59 @@ def suffix_charges(work: np.ndarray, members: Sequence[Sequence[int]],
     than `bound`). `members`: per sender its units, sorted; `cost`: per sender.
     `joined[e]`: units e and e+1 share a device in every placement within `bound`
     (`tied_units`), so no segment ends at e."""
+    charges = first_segment_charges(work, members, cost, bound, joined)[0].min(axis=1)
+    charges[len(work)] = 0.0
+    return charges
+
+
+def first_segment_charges(work: np.ndarray, members: Sequence[Sequence[int]],
+                          cost: np.ndarray, bound: float,
+                          joined: np.ndarray | None = None,
+                          tied: np.ndarray | None = None,
+                          tied_bounds: Sequence[float] = ()) -> np.ndarray:
+    """[r, j, x] = F(j, j + x) for j = 0..n-1 (row n: inf): the least charge of the
+    readings of units j.. whose first segment is j..j+x (inf where none fits), with
+    segments that hold a unit `tied` marks limited to `tied_bounds[r]` (each at most
+    `bound`; one row, no such limit, where none is given). The others as in
+    `suffix_charges`."""
     n = len(work)
     prefix = np.concatenate([[0.0], np.cumsum(work)])
     limit = bound * (1 + SLACK)
     last = np.searchsorted(prefix, prefix[:-1] + limit, side="right") - 2
     fits = last >= np.arange(n)  # the unit alone fits
+    marked = np.flatnonzero(tied) if tied is not None else np.array([], dtype=np.int64)
+    next_tied = np.concatenate([marked, [n]])[np.searchsorted(marked, np.arange(n))]
+    last_tied = np.stack([np.searchsorted(prefix, prefix[:-1] + b * (1 + SLACK),
+                                          side="right") - 2
+                          for b in (list(tied_bounds) or [bound])])
+    rows = len(last_tied)
     width = int((np.maximum(last, np.arange(n)) - np.arange(n)).max(initial=0)) + 1
     spans = _spans(members, cost, n, width)
-    best = np.full((n + 1, width), math.inf)  # best[s, e - s] = F(s, e)
-    # pocket[size, y, x]: P of the pocket y..y+size-1 and a segment after it of x + 1
-    # units.
-    pocket = np.full((POCKET_UNITS + 1, n + 1, width), math.inf)
-    charges = np.full(n + 1, math.inf)
-    charges[n] = 0.0
+    best = np.full((rows, n + 1, width), math.inf)  # best[r, s, e - s] = F(s, e)
+    # pocket[r, size, y, x]: P of the pocket y..y+size-1 and a segment after it of
+    # x + 1 units.
+    pocket = np.full((rows, POCKET_UNITS + 1, n + 1, width), math.inf)
     for e in range(n - 1, -1, -1):
         starts = np.arange(max(0, e - width + 1), e + 1)
         ok = fits[starts] & (last[starts] >= e) & (joined is None or not joined[e])
+        ok = ok[None, :] & ((next_tied[starts] > e)[None, :] | (last_tied[:, starts] >= e))
         if e == n - 1:
-            values = np.zeros(len(starts))
+            values = np.zeros((rows, len(starts)))
         else:
             ends = min(n - 1, e + width) - e  # next segments e+1..e+1+x, x < ends
             # Wide enough for a pocket of POCKET_UNITS and a segment of `width` after it.
             grid = _charge_grid(spans[e], starts[0], len(starts), e, ends + POCKET_UNITS)
-            step = grid[:, :ends] + best[e + 1, :ends][None, :]
+            step = grid[None, :, :ends] + best[:, e + 1, None, :ends]
             for size in range(1, min(POCKET_UNITS, len(starts)) + 1):
-                if ok[-size]:
-                    pocket[size, e - size + 1, :ends] = step[-size]
-            values = step[:, POCKET_UNITS:].min(axis=1, initial=math.inf)
+                pocket[:, size, e - size + 1, :ends] = np.where(ok[:, -size, None],
+                                                                step[:, -size], math.inf)
+            values = step[:, :, POCKET_UNITS:].min(axis=2, initial=math.inf)
             for size in range(1, min(POCKET_UNITS, ends) + 1):
-                values = np.minimum(values, step[:, size - 1] if e + size == n - 1 else
-                                    _around_pocket(grid, pocket[size, e + 1], prefix,
+                values = np.minimum(values, step[:, :, size - 1] if e + size == n - 1 else
+                                    _around_pocket(grid, pocket[:, size, e + 1], prefix,
                                                    starts, e, size, limit))
-        best[starts, e - starts] = np.where(ok, values, math.inf)
-    charges[:n] = best[:n].min(axis=1)
-    return charges
+        best[:, starts, e - starts] = np.where(ok, values, math.inf)
+    return best
 
 
 def _charge_grid(span, s0: int, rows: int, e: int, cols: int) -> np.ndarray:
@@ -116,16 +135,16 @@ def _charge_grid(span, s0: int, rows: int, e: int, cols: int) -> np.ndarray:
 
 def _around_pocket(grid: np.ndarray, pocket: np.ndarray, prefix: np.ndarray,
                    starts: np.ndarray, e: int, size: int, limit: float) -> np.ndarray:
-    """Per segment start s: the least charge of s..e followed by the pocket
-    e+1..e+size and a segment e+size+1..e3, charging what goes around the pocket
-    where the two segments' work passes the limit."""
-    z = np.arange(min(len(pocket), grid.shape[1] - size, len(prefix) - 2 - e - size))
+    """Per row of `pocket` and segment start s: the least charge of s..e followed by
+    the pocket e+1..e+size and a segment e+size+1..e3, charging what goes around the
+    pocket where the two segments' work passes the limit."""
+    z = np.arange(min(pocket.shape[1], grid.shape[1] - size, len(prefix) - 2 - e - size))
     into = grid[:, size - 1:size]
     around = grid[:, size + z] - into
     apart = ((prefix[e + 1] - prefix[starts])[:, None]
              + (prefix[e + size + 2 + z] - prefix[e + size + 1])[None, :]) > limit
-    return (into + np.where(apart, around, 0.0) + pocket[None, z]).min(
-        axis=1, initial=math.inf)
+    return ((into + np.where(apart, around, 0.0))[None] + pocket[:, None, z]).min(
+        axis=2, initial=math.inf)
 
 
 def _spans(members: Sequence[Sequence[int]], cost: np.ndarray, n: int,

@@ -40,6 +40,10 @@ class TiedUnits:
         return float(self.work_from[component][np.searchsorted(units, position,
                                                                side="right")])
 
+    def starts_after(self, position: int) -> bool:
+        """Whether some component has all its units after `position`."""
+        return any(units[0] > position for units in self.units)
+
     def joined(self, n: int) -> np.ndarray:
         """Per unit e of n: whether units e and e+1 lie in one component (share a
         device), so that no run of a placement within the bound ends at e."""

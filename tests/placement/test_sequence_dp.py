@@ -4,6 +4,7 @@ those are loose, and under a tiny cap a real plan but no proof."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -18,6 +19,7 @@ from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
 from placement.sequence_dp import (
     BOUND_RESOLUTION,
+    TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
     relaxed_bound,
@@ -179,3 +181,44 @@ def test_a_sender_too_dear_to_cut_forces_its_later_members_onto_its_device():
     assert fits(4.0)
     model.cost = np.array([0.5])
     assert fits(3.5)
+
+
+def _model_optimum(model: _Model) -> float:
+    return min(model.max_load(np.array(placement))
+               for placement in itertools.product(range(model.k), repeat=model.n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6), st.booleans())
+def test_a_test_at_the_optimum_never_proves_it_out(seed, dear):
+    """The checks that read ahead (each run's reading, the open senders it cuts, tied
+    segments within their device's room) drop no state of an optimal placement: at
+    the optimum a test finds a plan. Senders 4 times dearer tie units (a component's
+    device then holds a placed unit and units still to come)."""
+    p, units, _ = _case(seed)
+    model = _Model(p.tg, units, p.num_devices)
+    if dear:
+        model.cost = 4 * model.cost
+    optimum = _model_optimum(model)
+    found, proven, finished = model.placement_within(optimum, math.inf, 10**6)
+    assert finished and found is not None
+    assert model.max_load(found) == pytest.approx(optimum, rel=1e-9)
+
+
+@pytest.mark.parametrize("variant, seed", [("open senders charged on their own devices", 1),
+                                           ("tied segments within the least room", 2)])
+def test_the_optimum_check_catches_an_over_strong_read_ahead(monkeypatch, variant, seed):
+    """The check has teeth: charging each open sender in the first run even on a device
+    that holds it already, or limiting every tied segment to the least share of L
+    whatever its device's room, proves the optimum out (seeds 1 and 2)."""
+    if variant.startswith("open"):
+        real = _Model._ahead
+        monkeypatch.setattr(_Model, "_ahead", lambda self, first, rows, masks, open_ids, i:
+                            real(self, first, rows, masks & 0, open_ids, i))
+    else:
+        monkeypatch.setattr("placement.sequence_dp._tied_room_row", lambda loads, *rest:
+                            np.full(len(loads), len(TIED_ROOM_SHARES) - 1))
+    p, units, _ = _case(seed)
+    model = _Model(p.tg, units, p.num_devices)
+    found, _, _ = model.placement_within(_model_optimum(model), math.inf, 10**6)
+    assert found is None
