@@ -29,7 +29,7 @@ def program_order(tg: TaskGraph) -> tuple[int, ...]:
     """A topological order of the tasks that takes the ready task of least id first:
     on a profiled graph, whose op ids number the ops as the program ran them, that
     order itself."""
-    indegree = np.bincount(tg.edge_dst, minlength=tg.num_tasks).tolist()
+    indegree = tg.in_degree.tolist()
     ready = [t for t in range(tg.num_tasks) if indegree[t] == 0]
     heapq.heapify(ready)
     order: list[int] = []

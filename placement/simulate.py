@@ -127,8 +127,7 @@ def _times(tg: TaskGraph, dev: np.ndarray, next_on_device: list[int],
     on_device = dev.tolist()
     duration = tg.duration_list
     successors = tg.successors
-    indegree = [a + b for a, b in zip(np.bincount(tg.edge_dst, minlength=n).tolist(),
-                                      has_prev)]
+    indegree = [a + b for a, b in zip(tg.in_degree.tolist(), has_prev)]
     ready_at = [0.0] * n
     finish = [0.0] * n
     stack = [t for t in range(n) if indegree[t] == 0]
@@ -164,7 +163,7 @@ def _shared_host_times(tg: TaskGraph, dev: np.ndarray,
     task's finish now depends on what the other devices do while it runs."""
     n = tg.num_tasks
     rate_shared = 1.0 / tg.corun_slowdown
-    waiting = np.bincount(tg.edge_dst, minlength=n)  # unfinished graph predecessors
+    waiting = tg.in_degree.copy()  # unfinished graph predecessors
     ready_at = np.zeros(n)
     start = np.zeros(n)
     finish = np.zeros(n)
@@ -286,6 +285,13 @@ class DeviceTimeline:
         self.ends.insert(i, end_s)
 
 
+def staggered_rank(tg: TaskGraph, dev: np.ndarray, stagger_s: float) -> np.ndarray:
+    """Per task: its upward rank with the transfers of placement `dev` (task ->
+    device), micro-batch m's lowered by m x `stagger_s`."""
+    rank = upward_rank(tg, (dev[tg.edge_src] != dev[tg.edge_dst]).astype(float))
+    return rank - stagger_s * tg.micro_batch if stagger_s else rank
+
+
 def list_schedule(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
                   stagger_s: float = 0.0) -> Schedule:
     """An order for a fixed placement: tasks by upward rank, each inserted at its
@@ -296,17 +302,13 @@ def list_schedule(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
     much, as in a pipeline's schedule, so a device works on the next micro-batch's
     early ops while the previous one's later ops run elsewhere."""
     dev = tg.task_devices(group_device)
-    crossing = (dev[tg.edge_src] != dev[tg.edge_dst]).astype(float)
     on_device = dev.tolist()
     duration = tg.duration_list
     predecessors = tg.predecessors
     start = [0.0] * tg.num_tasks
     ready_finish = [0.0] * tg.num_tasks
     timelines = [DeviceTimeline() for _ in range(num_devices)]
-    rank = upward_rank(tg, crossing)
-    if stagger_s:
-        rank = rank - stagger_s * tg.micro_batch
-    for t in priority_order(tg, rank):
+    for t in priority_order(tg, staggered_rank(tg, dev, stagger_s)):
         here = on_device[t]
         ready = ready_time(t, here, predecessors, on_device, ready_finish)
         s = start[t] = timelines[here].earliest_start(ready, duration[t])
@@ -330,11 +332,7 @@ def dispatch_schedule(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
     the local search's plans from 103-108 ms to 97-99 ms (a minute each)."""
     dev = tg.task_devices(group_device)
     on_device = dev.tolist()
-    crossing = (dev[tg.edge_src] != dev[tg.edge_dst]).astype(float)
-    rank = upward_rank(tg, crossing)
-    if stagger_s:
-        rank = rank - stagger_s * tg.micro_batch
-    priority = (-rank).tolist()
+    priority = (-staggered_rank(tg, dev, stagger_s)).tolist()
     duration = tg.duration_list
     successors = tg.successors
     waiting = tg.in_degree.tolist()
