@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -20,14 +21,17 @@ from tests.placement.test_policy import MILP_SOLVERS, capped
 
 @pytest.mark.solver
 def test_the_planning_stage_plans_with_the_milp_and_reports_it():
-    # A case whose best candidate (22.0) HiGHS finds and proves; on training_dag(5, 5)
-    # the rotated contiguous splits find it first, on training_dag(0, 5) HEFT with
-    # staggered ranks.
+    # A case whose best candidate (22.0) HiGHS proves optimal. Which stage reaches it
+    # first is the host's pace: HiGHS, or on a loaded host the searches before its
+    # round (the rotated contiguous splits, HEFT with staggered ranks, the order
+    # search), whose plan the line then names as HiGHS's proven optimum.
     plans = plan_candidates(capped(3, 5, 0.7), CLUSTER, [2], time_limit_s=20.0)
+    made_by = plans[2].solver
     line = plan_status(2, plans[2])
-    assert plans[2].solver in MILP_SOLVERS
-    assert f"by {plans[2].solver}, optimal" in line
-    assert "bound" in line and "gap 0.0%" in line
+    assert f"by {made_by}, optimal" in line and "gap 0.0%" in line
+    if made_by not in MILP_SOLVERS:
+        assert re.search(r"(highs|cbc|glpk) found no plan better than .* and proved it "
+                         "optimal", line), line
 
 
 def test_a_plan_not_made_by_the_milp_says_why():
