@@ -86,8 +86,7 @@ def _projection(projection: Projection | None, noise: NoiseScaleEstimator,
     return metrics
 
 
-def _save(model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
-    directory = tempfile.mkdtemp(prefix="ckpt-")
+def _save(directory: str, model, optimizer, step: int, history: dict) -> ray.train.Checkpoint:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "step": step, "history": history,
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
@@ -214,9 +213,14 @@ class HybridWorker:
         checkpoint_due = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
         report_due = bool(scalars[2] > 0)
         if checkpoint_due:
-            checkpoint = (_save(self.model, self.optimizer, step + 1, self.history)
-                          if self.rank == 0 else None)
-            ray.train.report(metrics, checkpoint=checkpoint)
+            # report() copies the checkpoint to the run's storage before it returns, so
+            # the local copy goes with the block: one per checkpoint had been left in
+            # /tmp for good (a full model and optimizer state each, on every rank-0 node).
+            with tempfile.TemporaryDirectory(prefix="ckpt-") as directory:
+                checkpoint = (_save(directory, self.model, self.optimizer, step + 1,
+                                    self.history)
+                              if self.rank == 0 else None)
+                ray.train.report(metrics, checkpoint=checkpoint)
         elif report_due:
             ray.train.report(metrics)
         if checkpoint_due or report_due:

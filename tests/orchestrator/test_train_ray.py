@@ -20,9 +20,14 @@ FAKE = DeviceKind.FAKE_GPU
 
 
 @pytest.fixture(scope="module")
-def fake_cluster():
-    with ray_cluster("2x2"):
-        yield
+def fake_cluster(tmp_path_factory):
+    """The cluster, and the temporary directory its workers see (their TMPDIR: the
+    nodes inherit this process's environment), to show what they leave there."""
+    workers_tmp = tmp_path_factory.mktemp("workers-tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(workers_tmp))
+        with ray_cluster("2x2"):
+            yield workers_tmp
 
 
 def fit_now(cfg, tmp_path, **kwargs):
@@ -91,3 +96,5 @@ def test_a_checkpoint_resumes_at_another_dp_and_mp(fake_cluster, tmp_path):
     resumed = fit_now(second, tmp_path / "second", resume_from=checkpoint)
     plain = run_local(TrainConfig(**common, steps=6), tmp_path)
     assert resumed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    # Each checkpoint was copied to the run's storage; no local copy is left behind.
+    assert not list(fake_cluster.glob("ckpt-*"))
