@@ -40,24 +40,23 @@ def case(seed: int):
 
 @functools.cache
 def optimum(seed: int) -> float:
-    """The brute-force optimum of `case(seed)`: seed 19's takes most of a minute, and
-    two tests ask for it."""
+    """The brute-force optimum of `case(seed)`, which two tests ask for."""
     p, k = case(seed)
     return search_step_time(p.tg, k)
 
 
 # Seeds whose brute force takes at most a few seconds.
-@pytest.mark.parametrize("seed", [0, 1, 3, 4, 5, 6, 7, 9, 16, 18, 19, 21])
+@pytest.mark.parametrize("seed", [0, 1, 3, 4, 5, 6, 7, 9, 16, 18, 21, 33, 65])
 def test_the_bound_is_at_most_the_brute_force_optimum(seed):
     p, _ = case(seed)
     assert bound(p, True) <= optimum(seed) * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("seed, brute_force, raised",
-                         [(6, 74 / 3, 74 / 3), (19, 18.0, 52 / 3)])
+                         [(6, 74 / 3, 74 / 3), (33, 28.0, 28.0)])
 def test_the_rows_raise_the_bound_where_copies_queue(seed, brute_force, raised):
     # Seed 6: two devices, three micro-batches, the relaxation alone proves 24, the rows
-    # the optimum; seed 19: three devices, 16 -> 17.33 of 18.
+    # the optimum; seed 33: three devices, two micro-batches, 26.5 -> the optimum 28.
     p, _ = case(seed)
     assert optimum(seed) == pytest.approx(brute_force)
     assert bound(p, False) < raised - 0.1
