@@ -89,11 +89,15 @@ def plan_candidates(graph, cluster: ClusterSpec, mp_degrees: Sequence[int],
     return plan_mp_degrees(graph, cluster, mp_degrees, time_limit_s=time_limit_s)
 
 
+def micro_batch_phrase(count: int) -> str:
+    return f"{count} micro-batch" + ("" if count == 1 else "es")
+
+
 def plan_status(mp_degree: int, p: Plan) -> str:
     """One status line for a plan: who made it, its value, bound and gap, and why it
     is not the MILP's when it is not."""
     line = (f"mp {mp_degree}: predicted step {p.step_time * 1e3:.1f} ms "
-            f"({p.num_micro_batches} micro-batches) by {p.solver}, {p.status}: "
+            f"({micro_batch_phrase(p.num_micro_batches)}) by {p.solver}, {p.status}: "
             f"value {p.value * 1e3:.1f} ms, bound {p.lower_bound * 1e3:.1f} ms, "
             f"gap {p.gap:.1%}")
     why = [n for n in p.notes if n.startswith("warning") or "found no plan" in n
@@ -249,7 +253,7 @@ def crossover_stage(args: JobArgs, inputs: JobInputs, graph: OpGraph,
 def timed_status(t: TimedStep) -> str:
     """One status line per timed mp_degree: its step (allreduce included) per batch."""
     steps = ", ".join(f"{t.step_s(b) * 1e3:.1f} ms at {b:g}" for b in t.batches)
-    return (f"mp {t.mp_degree} x dp {t.dp_degree} ({t.num_micro_batches} micro-batches), "
+    return (f"mp {t.mp_degree} x dp {t.dp_degree} ({micro_batch_phrase(t.num_micro_batches)}), "
             f"timed step per worker batch: {steps} (medians of {t.rounds})")
 
 

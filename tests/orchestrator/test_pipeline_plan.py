@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from orchestrator.pipeline import (TIMED_STEPS_FILE, parse_args, plan_candidates, plan_stage,
-                                   plan_status, saved_timed_steps, timing_stage)
+from orchestrator.pipeline import (TIMED_STEPS_FILE, micro_batch_phrase, parse_args,
+                                   plan_candidates, plan_stage, plan_status,
+                                   saved_timed_steps, timing_stage)
 from orchestrator.runtime.device_kind import DeviceKind
 from orchestrator.train.resources import JobDevices
 from placement.scaling.timed_step import TimedStep
@@ -38,6 +39,10 @@ def test_a_plan_not_made_by_the_milp_says_why():
     plans = plan_candidates(capped(5, 5, 0.7), CLUSTER, [2], time_limit_s=1.0)
     assert plans[2].solver.startswith("heuristic:")
     assert "planning budget of 1 s was spent" in plan_status(2, plans[2])
+
+
+def test_status_lines_say_one_micro_batch_and_four_micro_batches():
+    assert [micro_batch_phrase(k) for k in (1, 4)] == ["1 micro-batch", "4 micro-batches"]
 
 
 def test_the_plan_time_limit_must_be_positive():
