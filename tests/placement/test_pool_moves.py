@@ -1,5 +1,6 @@
-"""Pool moves never make a plan worse, report the simulator's value of what they
-return, keep each unit whole, and reach plans single-group local search does not."""
+"""Pool moves and boundary swaps never make a plan worse, report the simulator's value
+of what they return, keep each unit whole, and reach plans single-group local search
+does not; boundary swaps keep a binding memory cap and reach plans pool moves do not."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement.pool_moves import pool_moves
+from placement.pool_moves import boundary_swaps, pool_moves
 from placement.refine import local_search
 from placement.sequence_dp import _Model
 from placement.simulate import device_loads, max_load
@@ -53,3 +54,47 @@ def test_a_run_moves_where_single_groups_cannot():
     placed, moved = pool_moves(p.tg, k, units, group_device, light, p.group_memory,
                                math.inf, math.inf)
     assert (value, moved, optimum) == (69.0, 60.0, 60.0)
+
+
+def _random_start(p, units, start):
+    rng = np.random.default_rng(start)
+    group_device = np.empty(p.tg.num_groups, dtype=np.int64)
+    for groups in units:
+        group_device[groups] = rng.integers(p.num_devices)
+    return group_device
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 10**6))
+def test_boundary_swaps_never_worsen_a_plan_and_keep_the_memory_cap(seed, start):
+    p, units, optimum = _case(seed)
+    k = p.num_devices
+    group_device = _random_start(p, units, start)
+    before = max_load(p.tg, group_device, k)
+    # The start's fullest device as the cap: it binds wherever a move fills a device.
+    cap = float(np.bincount(group_device, weights=p.group_memory, minlength=k).max())
+    placed, value = boundary_swaps(p.tg, k, units, group_device, p.group_memory, cap,
+                                   math.inf)
+    assert value == max_load(p.tg, placed, k)
+    assert optimum * (1 - 1e-9) <= value <= before * (1 + 1e-9)
+    assert all(len(set(placed[groups].tolist())) == 1 for groups in units)
+    assert np.bincount(placed, weights=p.group_memory, minlength=k).max() <= cap * (1 + 1e-9)
+
+
+def test_a_boundary_swap_where_pool_moves_cannot():
+    """Seed 2 (7 units, 2 devices; random start 1, after single-group local search,
+    47): no pool move at any sender threshold improves the plan; swapping two runs at
+    its cuts reaches the optimum, 40."""
+    p, units, optimum = _case(2)
+    k = p.num_devices
+    group_device, value = local_search(
+        _random_start(p, units, 1),
+        lambda gd: (max_load(p.tg, gd, k), device_loads(p.tg, gd, k)),
+        num_devices=k, group_memory=p.group_memory, memory_cap=math.inf,
+        deadline=math.inf)
+    pooled = min(pool_moves(p.tg, k, units, group_device, float(light), p.group_memory,
+                            math.inf, math.inf)[1]
+                 for light in _Model(p.tg, units, k).cost)
+    _, swapped = boundary_swaps(p.tg, k, units, group_device, p.group_memory, math.inf,
+                                math.inf)
+    assert (value, pooled, swapped, optimum) == (47.0, 47.0, 40.0, 40.0)
