@@ -62,6 +62,8 @@ ChainScore = Callable[[np.ndarray], tuple[tuple[float, float], Sequence[int]]]
 """group_device -> ((objective value, tie-break), the groups of its critical chain)."""
 Score = Callable[[np.ndarray], tuple[float, np.ndarray]]
 """group_device -> (objective value, per-device load used to pick and to break ties)."""
+Branches = Sequence[tuple[int, ...]] | None
+"""Per group: the groups of its branch (itself among them), which move together."""
 
 
 def local_search(group_device: np.ndarray, score: Score, *, num_devices: int,
@@ -135,18 +137,20 @@ def _best_move(current: np.ndarray, value: float, loads: np.ndarray, score: Scor
 
 
 def chain_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,
-                 group_memory: np.ndarray, memory_cap: float,
-                 deadline: float) -> tuple[np.ndarray, float]:
+                 group_memory: np.ndarray, memory_cap: float, deadline: float,
+                 branches: Branches = None) -> tuple[np.ndarray, float]:
     """Move one group of the critical chain at a time to another device while that
     lowers (value, tie-break), taking the first such move, until none does or
-    `deadline` passes; returns the placement and its value."""
+    `deadline` passes; returns the placement and its value. With `branches`, a group
+    whose move helps nowhere is tried once more with its whole branch (`_move_group`)."""
     best, key, _ = _chain_descent(group_device, score(group_device), score, num_devices,
-                                  group_memory, memory_cap, deadline)
+                                  group_memory, memory_cap, deadline, branches)
     return best, key[0]
 
 
 def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devices: int,
-                   group_memory: np.ndarray, memory_cap: float, deadline: float):
+                   group_memory: np.ndarray, memory_cap: float, deadline: float,
+                   branches: Branches = None):
     """`chain_search` from a placement whose score is known; returns the placement,
     its key and its critical chain's groups."""
     best = group_device.copy()
@@ -156,7 +160,8 @@ def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devi
     while improved and time.perf_counter() <= deadline:
         improved = False
         for g in chain:
-            found = _move_group(best, g, key, score, used, group_memory, memory_cap)
+            found = _move_group(best, g, key, score, used, group_memory, memory_cap,
+                                branches)
             if found is not None:
                 key, chain = found
                 improved = True
@@ -166,25 +171,34 @@ def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devi
 
 
 def _move_group(best: np.ndarray, g: int, key, score: ChainScore, used: np.ndarray,
-                group_memory: np.ndarray, memory_cap: float):
+                group_memory: np.ndarray, memory_cap: float, branches: Branches = None):
     """Move group g to the first device where the key falls, in place (`best` and
-    `used`), and return (new key, new chain); None, `best` unchanged, when none."""
-    old = int(best[g])
-    for d in range(len(used)):
-        if d == old or used[d] + group_memory[g] > memory_cap:
-            continue
-        best[g] = d
-        new_key, new_chain = score(best)
-        if new_key < key:
-            used[old] -= group_memory[g]
-            used[d] += group_memory[g]
-            return new_key, new_chain
-        best[g] = old
+    `used`), and return (new key, new chain); None, `best` unchanged, when none.
+    Where `branches` gives g a branch of several groups and no move of g alone helps,
+    the whole branch is tried on each device the same way: moving one op of an
+    Inception branch adds two transfers, moving the branch one or none."""
+    units = [(g,)] if branches is None or len(branches[g]) == 1 else [(g,), branches[g]]
+    for unit in units:
+        moved = list(unit)
+        old = best[moved].copy()
+        for d in range(len(used)):
+            leaving = old != d
+            gained = float(group_memory[moved][leaving].sum())
+            if not leaving.any() or used[d] + gained > memory_cap:
+                continue
+            best[moved] = d
+            new_key, new_chain = score(best)
+            if new_key < key:
+                np.subtract.at(used, old[leaving], group_memory[moved][leaving])
+                used[d] += gained
+                return new_key, new_chain
+            best[moved] = old
     return None
 
 
 def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices: int,
-                group_memory: np.ndarray, memory_cap: float, deadline: float):
+                group_memory: np.ndarray, memory_cap: float, deadline: float,
+                branches: Branches = None):
     """As `_chain_descent`, but after an improving move the scan goes on from the
     moved group's place in the new chain instead of from the chain's head, until a
     whole chain's length of groups in a row has no improving move. On a long chain
@@ -197,7 +211,7 @@ def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices
     at, misses = 0, 0
     while chain and misses < len(chain) and time.perf_counter() <= deadline:
         g = chain[at % len(chain)]
-        found = _move_group(best, g, key, score, used, group_memory, memory_cap)
+        found = _move_group(best, g, key, score, used, group_memory, memory_cap, branches)
         if found is not None:
             key, chain = found
             misses = 0
@@ -211,15 +225,15 @@ def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices
 def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,
                   group_memory: np.ndarray, memory_cap: float, deadline: float,
                   rng: np.random.Generator, kick: int = 2, patience: int = 100,
-                  good_enough: float = -np.inf, descent=_chain_descent
-                  ) -> tuple[np.ndarray, float]:
+                  good_enough: float = -np.inf, descent=_chain_descent,
+                  branches: Branches = None) -> tuple[np.ndarray, float]:
     """Iterated local search: from the best placement so far, move `kick` random groups
     of its critical chain to random devices that have memory for them, run
     `chain_search`, and keep the result when it is better; until `deadline`,
     `patience` kicks in a row without a gain, or a value of at most `good_enough` (a
     proven bound, say). What the single moves cannot reach alone (a chain that gets
     longer before it gets shorter) these kicks can. `descent` is `_chain_descent` or
-    `chain_sweep`."""
+    `chain_sweep`, given `branches` (`chain_search`)."""
     best, (best_key, chain) = group_device.copy(), score(group_device)
     misses = 0
     while (time.perf_counter() < deadline and num_devices > 1 and misses < patience
@@ -236,7 +250,7 @@ def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: i
                 used[d] += group_memory[g]
                 trial[g] = d
         trial, key, trial_chain = descent(trial, score(trial), score, num_devices,
-                                          group_memory, memory_cap, deadline)
+                                          group_memory, memory_cap, deadline, branches)
         if key < best_key:
             best, best_key, chain, misses = trial, key, trial_chain, 0
     return best, best_key[0]

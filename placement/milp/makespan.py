@@ -53,7 +53,7 @@ import numpy as np
 import pyomo.environ as pyo
 
 from placement import heuristics
-from placement.coarsen import chain_clusters, contract, interval_clusters
+from placement.coarsen import chain_branches, chain_clusters, contract, interval_clusters
 from placement.ideal_dp import join_roots, side_inputs
 from placement.milp.backends import Backend, SolveOptions
 from placement.milp.block_bound import BlockBound, block_bound
@@ -537,7 +537,8 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
             before = incumbent.value
             gd, _ = chain_search(incumbent.group_device, chain_score, num_devices=k,
                                  group_memory=problem.group_memory,
-                                 memory_cap=problem.memory_cap, deadline=until)
+                                 memory_cap=problem.memory_cap, deadline=until,
+                                 branches=branches)
             offer(gd, refined(incumbent.source))
             gd, _ = local_search(incumbent.group_device, score, num_devices=k,
                                  group_memory=problem.group_memory,
@@ -549,7 +550,7 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
         gd, _ = kicked_search(incumbent.group_device, chain_score, num_devices=k,
                               group_memory=problem.group_memory,
                               memory_cap=problem.memory_cap, deadline=until, rng=rng,
-                              good_enough=good_enough)
+                              good_enough=good_enough, branches=branches)
         offer(gd, refined(incumbent.source))
 
     def runners_up() -> list[tuple[np.ndarray, Schedule]]:
@@ -560,6 +561,9 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
         return min(2.0, 0.05 * problem.config.time_limit_s)
 
     rng = np.random.default_rng(0)
+    # With several micro-batches the chain moves try whole branches too: on
+    # Inception-V3 4x4 they took a plan no single move improved from 100.15 to 99.75 ms.
+    branches = chain_branches(tg) if tg.num_micro_batches > 1 else None
     leaders = Leaders(ORDER_SEARCH_PLACEMENTS, ORDER_SEARCH_APART)
     # Proven without a solver, so it stands whatever a solver later answers.
     incumbent.proven_bound = max(incumbent.proven_bound, neighbour_bound(tg))

@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placement.coarsen import chain_branches
 from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import heft
 from placement.refine import (chain_search, chain_sweep, justified, kicked_search,
@@ -65,16 +66,38 @@ def test_chain_search_splits_two_independent_chains():
     assert start.tolist() == [0] * 6, "the start placement is not changed in place"
 
 
+def test_chain_search_moves_a_whole_branch_where_no_single_move_helps():
+    # s (1 s) forks to a branch x1 -> x2 (2 s each) and to y (4 s), which join in j
+    # (1 s); everything on device 0: 10 s. The branch's inner edge costs 10 and y's
+    # edges 5, so moving x1, x2 or y alone to device 1 only adds transfers; the branch
+    # moved whole pays 0.5 in and 0.5 out and runs beside y: 1 + 0.5 + 4 + 0.5 + 1 = 7.
+    times = [1.0, 2.0, 2.0, 4.0, 1.0]
+    edges = [(0, 1, 0.5), (1, 2, 10.0), (2, 4, 0.5), (0, 3, 5.0), (3, 4, 5.0)]
+    graph = OpGraph(ops=tuple(Op(id=i, name=f"op{i}", forward_s={"any": t})
+                              for i, t in enumerate(times)),
+                    edges=tuple(Edge(src=s, dst=d, cost_s=c) for s, d, c in edges))
+    tg = tasks(graph, training=False)
+    start = np.zeros(tg.num_groups, dtype=np.int64)
+    common = dict(num_devices=2, group_memory=np.zeros(tg.num_groups), memory_cap=1.0,
+                  deadline=time.perf_counter() + 10)
+    assert chain_search(start, chain_score(tg, 2), **common)[1] == 10.0
+    gd, value = chain_search(start, chain_score(tg, 2), **common,
+                             branches=chain_branches(tg))
+    assert value == 7.0
+    assert gd.tolist() == [0, 1, 1, 0, 0]
+
+
 @settings(max_examples=40, deadline=None)
-@given(random_dags(), st.integers(2, 3), st.randoms())
-def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, rnd):
+@given(random_dags(), st.integers(2, 3), st.booleans(), st.randoms())
+def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, whole_branches, rnd):
     tg = tasks(graph)
     memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
     start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
     cap = float(np.bincount(start, weights=memory, minlength=k).max())
     gd, value = chain_search(start, chain_score(tg, k), num_devices=k,
                              group_memory=memory, memory_cap=cap,
-                             deadline=time.perf_counter() + 10)
+                             deadline=time.perf_counter() + 10,
+                             branches=chain_branches(tg) if whole_branches else None)
     assert np.bincount(gd, weights=memory, minlength=k).max() <= cap * (1 + 1e-12)
     assert value == list_schedule(tg, gd, k).step_time_s
     assert value <= list_schedule(tg, start, k).step_time_s
