@@ -33,6 +33,7 @@ from placement.simulate import (
     Schedule,
     ready_time,
     critical_chain,
+    dispatch_by,
     evaluate_order,
     list_schedule,
     order_by_start,
@@ -257,9 +258,13 @@ def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: i
 
 
 def justified(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
-              schedule: Schedule) -> Schedule:
+              schedule: Schedule, dispatch: bool = False) -> Schedule:
     """The better of `schedule` and its justifications (see the module docstring) for
-    the same placement: never worse than `schedule`."""
+    the same placement: never worse than `schedule`. With `dispatch` each forward pass
+    also dispatches the tasks in time by their latest starts (`dispatch_by`), the
+    better of the two going on: where devices idle while tasks wait (several
+    micro-batches), placing each task into the earliest gap in latest-start order
+    leaves them idle where the dispatch would not."""
     dev = tg.task_devices(group_device)
     position = tg.topological_position
     best = schedule
@@ -273,6 +278,10 @@ def justified(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
             tg, tg.predecessors, dev, num_devices, np.lexsort((position, latest_start)))
         candidate = evaluate_order(tg, group_device,
                                    order_by_start(tg, dev, start, finish, num_devices))
+        if dispatch:
+            candidate = min(candidate, dispatch_by(tg, group_device, num_devices,
+                                                   latest_start.tolist()),
+                            key=lambda c: c.step_time_s)
         if candidate.step_time_s >= best.step_time_s * (1 - 1e-12):
             break
         best = candidate

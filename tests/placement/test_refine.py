@@ -160,12 +160,13 @@ def test_kicks_escape_where_single_chain_moves_stop():
 
 
 @settings(max_examples=80, deadline=None)
-@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.randoms())
-def test_justification_never_loses_and_its_order_gives_its_times(graph, k, micro, rnd):
+@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.randoms())
+def test_justification_never_loses_and_its_order_gives_its_times(graph, k, micro, dispatch,
+                                                                 rnd):
     tg = tasks(graph, k=micro)
     gd = random_placement(tg, k, rnd)
     listed = list_schedule(tg, gd, k)
-    better = justified(tg, gd, k, listed)
+    better = justified(tg, gd, k, listed, dispatch=dispatch)
     assert better.step_time_s <= listed.step_time_s
     again = evaluate_order(tg, gd, better.order)
     assert np.allclose(again.start_s, better.start_s)
@@ -199,12 +200,12 @@ def test_order_search_never_loses_and_its_order_gives_its_times(graph, k, micro,
     assert np.allclose(again.start_s, found.start_s)
 
 
-def test_order_search_runs_the_early_input_first_where_ranks_and_justification_do_not():
-    # Device 0 holds a (7) and e (5); device 1 holds b (6), c (4), d (3) and f (6),
-    # with a -> b (transfer 4), a -> c (3), b -> d, b -> f and e -> f (3). The ranks put
-    # b first on device 1, which idles until b's input arrives at 11 and runs c last:
-    # 30, and justification keeps that order. c first (10 to 14, while b's input is
-    # on its way) gives 29, the best order over every topological order.
+def early_input_case():
+    """Device 0 holds a (7) and e (5); device 1 holds b (6), c (4), d (3) and f (6),
+    with a -> b (transfer 4), a -> c (3), b -> d, b -> f and e -> f (3). The ranks put
+    b first on device 1, which idles until b's input arrives at 11 and runs c last:
+    30. c first (10 to 14, while b's input is on its way) gives 29. Returns the task
+    graph, the placement and the best step time over every topological order."""
     times = [7.0, 6.0, 4.0, 3.0, 5.0, 6.0]
     edges = [(0, 1, 4.0), (0, 2, 3.0), (1, 3, 4.0), (1, 5, 3.0), (4, 5, 3.0)]
     graph = OpGraph(ops=tuple(Op(id=i, name=f"op{i}", forward_s={"any": t})
@@ -215,11 +216,26 @@ def test_order_search_runs_the_early_input_first_where_ranks_and_justification_d
     dev = tg.task_devices(gd)
     best = min(evaluate_order(tg, gd, [[t for t in o if dev[t] == d] for d in range(2)]
                               ).step_time_s for o in topological_orders(tg))
+    return tg, gd, best
+
+
+def test_order_search_runs_the_early_input_first_where_ranks_and_justification_do_not():
+    tg, gd, best = early_input_case()
     listed = list_schedule(tg, gd, 2)
     assert listed.step_time_s == justified(tg, gd, 2, listed).step_time_s == 30.0 > best
     found = order_search(tg, gd, listed, deadline=time.perf_counter() + 5,
                          rng=np.random.default_rng(0), patience=0)
     assert found.step_time_s == best == 29.0
+
+
+def test_justification_by_dispatch_runs_the_early_input_first():
+    # The forward pass in latest-start order puts b before c on device 1 (b's latest
+    # start is the earlier), as the list schedule did; dispatched in time, c is the
+    # only task of device 1 that has arrived at 10, so it runs while b's input is on
+    # its way.
+    tg, gd, best = early_input_case()
+    listed = list_schedule(tg, gd, 2)
+    assert justified(tg, gd, 2, listed, dispatch=True).step_time_s == best == 29.0
 
 
 @settings(max_examples=40, deadline=None)
