@@ -229,7 +229,8 @@ def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: i
                   good_enough: float = -np.inf, descent=_chain_descent,
                   branches: Branches = None) -> tuple[np.ndarray, float]:
     """Iterated local search: from the best placement so far, move `kick` random groups
-    of its critical chain to random devices that have memory for them, run
+    of its critical chain (with `branches`, each with its whole branch at even odds)
+    to random devices that have memory for them, run
     `chain_search`, and keep the result when it is better; until `deadline`,
     `patience` kicks in a row without a gain, or a value of at most `good_enough` (a
     proven bound, say). What the single moves cannot reach alone (a chain that gets
@@ -243,13 +244,15 @@ def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: i
         trial = best.copy()
         used = np.bincount(trial, weights=group_memory, minlength=num_devices)
         for g in rng.choice(chain, size=min(kick, len(chain)), replace=False).tolist():
-            fits = [d for d in range(num_devices) if d != trial[g]
-                    and used[d] + group_memory[g] <= memory_cap]
+            whole = branches is not None and len(branches[g]) > 1 and rng.random() < 0.5
+            moved = list(branches[g]) if whole else [g]
+            fits = [d for d in range(num_devices) if (trial[moved] != d).any()
+                    and used[d] + group_memory[moved][trial[moved] != d].sum() <= memory_cap]
             if fits:
                 d = int(rng.choice(fits))
-                used[trial[g]] -= group_memory[g]
-                used[d] += group_memory[g]
-                trial[g] = d
+                np.subtract.at(used, trial[moved], group_memory[moved])
+                used[d] += group_memory[moved].sum()
+                trial[moved] = d
         trial, key, trial_chain = descent(trial, score(trial), score, num_devices,
                                           group_memory, memory_cap, deadline, branches)
         if key < best_key:

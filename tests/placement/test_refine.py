@@ -159,6 +159,22 @@ def test_kicks_escape_where_single_chain_moves_stop():
     assert swept == list_schedule(tg, gd, 2).step_time_s
 
 
+@settings(max_examples=40, deadline=None)
+@given(random_dags(), st.integers(2, 3), st.randoms())
+def test_kicks_of_whole_branches_keep_memory_caps_and_never_lose(graph, k, rnd):
+    tg = tasks(graph)
+    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
+    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    gd, value = kicked_search(start, chain_score(tg, k), num_devices=k, group_memory=memory,
+                              memory_cap=cap, deadline=time.perf_counter() + 10,
+                              rng=np.random.default_rng(rnd.randrange(2**32)), patience=10,
+                              branches=chain_branches(tg))
+    assert np.bincount(gd, weights=memory, minlength=k).max() <= cap * (1 + 1e-12)
+    assert value == list_schedule(tg, gd, k).step_time_s
+    assert value <= list_schedule(tg, start, k).step_time_s
+
+
 @settings(max_examples=80, deadline=None)
 @given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.randoms())
 def test_justification_never_loses_and_its_order_gives_its_times(graph, k, micro, dispatch,
