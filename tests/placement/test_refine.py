@@ -160,8 +160,8 @@ def test_kicks_escape_where_single_chain_moves_stop():
 
 
 @settings(max_examples=40, deadline=None)
-@given(random_dags(), st.integers(2, 3), st.randoms())
-def test_kicks_of_whole_branches_keep_memory_caps_and_never_lose(graph, k, rnd):
+@given(random_dags(), st.integers(2, 3), st.booleans(), st.randoms())
+def test_kicks_of_whole_branches_keep_memory_caps_and_never_lose(graph, k, sweep, rnd):
     tg = tasks(graph)
     memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
     start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
@@ -169,7 +169,8 @@ def test_kicks_of_whole_branches_keep_memory_caps_and_never_lose(graph, k, rnd):
     gd, value = kicked_search(start, chain_score(tg, k), num_devices=k, group_memory=memory,
                               memory_cap=cap, deadline=time.perf_counter() + 10,
                               rng=np.random.default_rng(rnd.randrange(2**32)), patience=10,
-                              branches=chain_branches(tg))
+                              branches=chain_branches(tg),
+                              **({"descent": chain_sweep} if sweep else {}))
     assert np.bincount(gd, weights=memory, minlength=k).max() <= cap * (1 + 1e-12)
     assert value == list_schedule(tg, gd, k).step_time_s
     assert value <= list_schedule(tg, start, k).step_time_s
