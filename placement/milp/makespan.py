@@ -22,8 +22,10 @@ Large graphs of one micro-batch are solved on a coarse task graph (chain cluster
 each cluster's tasks of one phase and micro-batch run back to back), then expanded;
 every plan is refined with local search under the exact simulator (`placement.refine`:
 moves of the critical chain's groups, the full single-move and swap neighbourhood,
-then kicks), which orders a placement by list schedule or, with several micro-batches,
-by dispatch in time (`placement.simulate.dispatch_schedule`), at a micro-batch stagger
+then kicks; with several micro-batches, moves and kicks of groups and of their whole
+branches (`placement.coarsen.chain_branches`), without the full neighbourhood),
+which orders a placement by list schedule or, with several micro-batches, by
+dispatch in time (`placement.simulate.dispatch_schedule`), at a micro-batch stagger
 from STAGGER_FRACTIONS, the way and the stagger chosen per placement (`Ordering`),
 and whose order is justified (`placement.refine.justified`) when the step has one
 micro-batch. With several micro-batches HEFT's placements with staggered ranks are
