@@ -78,6 +78,16 @@ def chain_clusters(tg: TaskGraph, max_work_s: float = np.inf) -> list[list[int]]
     return clusters
 
 
+def chain_branches(tg: TaskGraph) -> list[tuple[int, ...]]:
+    """Per group: the groups of its `chain_clusters` cluster (an Inception module's
+    branch, a stem), which a local search may move together."""
+    branch: list[tuple[int, ...]] = [()] * tg.num_groups
+    for cluster in chain_clusters(tg):
+        for g in cluster:
+            branch[g] = tuple(cluster)
+    return branch
+
+
 def interval_clusters(tg: TaskGraph, num_clusters: int) -> list[list[int]]:
     """The group sequence cut into `num_clusters` intervals of about equal work (an
     interval of a topological order is convex, so contracting it keeps a DAG)."""

@@ -33,6 +33,7 @@ from placement.simulate import (
     Schedule,
     ready_time,
     critical_chain,
+    dispatch_by,
     evaluate_order,
     list_schedule,
     order_by_start,
@@ -62,6 +63,8 @@ ChainScore = Callable[[np.ndarray], tuple[tuple[float, float], Sequence[int]]]
 """group_device -> ((objective value, tie-break), the groups of its critical chain)."""
 Score = Callable[[np.ndarray], tuple[float, np.ndarray]]
 """group_device -> (objective value, per-device load used to pick and to break ties)."""
+Branches = Sequence[tuple[int, ...]] | None
+"""Per group: the groups of its branch (itself among them), which move together."""
 
 
 def local_search(group_device: np.ndarray, score: Score, *, num_devices: int,
@@ -135,18 +138,20 @@ def _best_move(current: np.ndarray, value: float, loads: np.ndarray, score: Scor
 
 
 def chain_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,
-                 group_memory: np.ndarray, memory_cap: float,
-                 deadline: float) -> tuple[np.ndarray, float]:
+                 group_memory: np.ndarray, memory_cap: float, deadline: float,
+                 branches: Branches = None) -> tuple[np.ndarray, float]:
     """Move one group of the critical chain at a time to another device while that
     lowers (value, tie-break), taking the first such move, until none does or
-    `deadline` passes; returns the placement and its value."""
+    `deadline` passes; returns the placement and its value. With `branches`, a group
+    whose move helps nowhere is tried once more with its whole branch (`_move_group`)."""
     best, key, _ = _chain_descent(group_device, score(group_device), score, num_devices,
-                                  group_memory, memory_cap, deadline)
+                                  group_memory, memory_cap, deadline, branches)
     return best, key[0]
 
 
 def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devices: int,
-                   group_memory: np.ndarray, memory_cap: float, deadline: float):
+                   group_memory: np.ndarray, memory_cap: float, deadline: float,
+                   branches: Branches = None):
     """`chain_search` from a placement whose score is known; returns the placement,
     its key and its critical chain's groups."""
     best = group_device.copy()
@@ -156,7 +161,8 @@ def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devi
     while improved and time.perf_counter() <= deadline:
         improved = False
         for g in chain:
-            found = _move_group(best, g, key, score, used, group_memory, memory_cap)
+            found = _move_group(best, g, key, score, used, group_memory, memory_cap,
+                                branches)
             if found is not None:
                 key, chain = found
                 improved = True
@@ -166,25 +172,34 @@ def _chain_descent(group_device: np.ndarray, scored, score: ChainScore, num_devi
 
 
 def _move_group(best: np.ndarray, g: int, key, score: ChainScore, used: np.ndarray,
-                group_memory: np.ndarray, memory_cap: float):
+                group_memory: np.ndarray, memory_cap: float, branches: Branches = None):
     """Move group g to the first device where the key falls, in place (`best` and
-    `used`), and return (new key, new chain); None, `best` unchanged, when none."""
-    old = int(best[g])
-    for d in range(len(used)):
-        if d == old or used[d] + group_memory[g] > memory_cap:
-            continue
-        best[g] = d
-        new_key, new_chain = score(best)
-        if new_key < key:
-            used[old] -= group_memory[g]
-            used[d] += group_memory[g]
-            return new_key, new_chain
-        best[g] = old
+    `used`), and return (new key, new chain); None, `best` unchanged, when none.
+    Where `branches` gives g a branch of several groups and no move of g alone helps,
+    the whole branch is tried on each device the same way: moving one op of an
+    Inception branch adds two transfers, moving the branch one or none."""
+    units = [(g,)] if branches is None or len(branches[g]) == 1 else [(g,), branches[g]]
+    for unit in units:
+        moved = list(unit)
+        old = best[moved].copy()
+        for d in range(len(used)):
+            leaving = old != d
+            gained = float(group_memory[moved][leaving].sum())
+            if not leaving.any() or used[d] + gained > memory_cap:
+                continue
+            best[moved] = d
+            new_key, new_chain = score(best)
+            if new_key < key:
+                np.subtract.at(used, old[leaving], group_memory[moved][leaving])
+                used[d] += gained
+                return new_key, new_chain
+            best[moved] = old
     return None
 
 
 def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices: int,
-                group_memory: np.ndarray, memory_cap: float, deadline: float):
+                group_memory: np.ndarray, memory_cap: float, deadline: float,
+                branches: Branches = None):
     """As `_chain_descent`, but after an improving move the scan goes on from the
     moved group's place in the new chain instead of from the chain's head, until a
     whole chain's length of groups in a row has no improving move. On a long chain
@@ -197,7 +212,7 @@ def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices
     at, misses = 0, 0
     while chain and misses < len(chain) and time.perf_counter() <= deadline:
         g = chain[at % len(chain)]
-        found = _move_group(best, g, key, score, used, group_memory, memory_cap)
+        found = _move_group(best, g, key, score, used, group_memory, memory_cap, branches)
         if found is not None:
             key, chain = found
             misses = 0
@@ -211,15 +226,16 @@ def chain_sweep(group_device: np.ndarray, scored, score: ChainScore, num_devices
 def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,
                   group_memory: np.ndarray, memory_cap: float, deadline: float,
                   rng: np.random.Generator, kick: int = 2, patience: int = 100,
-                  good_enough: float = -np.inf, descent=_chain_descent
-                  ) -> tuple[np.ndarray, float]:
+                  good_enough: float = -np.inf, descent=_chain_descent,
+                  branches: Branches = None) -> tuple[np.ndarray, float]:
     """Iterated local search: from the best placement so far, move `kick` random groups
-    of its critical chain to random devices that have memory for them, run
+    of its critical chain (with `branches`, each with its whole branch at even odds)
+    to random devices that have memory for them, run
     `chain_search`, and keep the result when it is better; until `deadline`,
     `patience` kicks in a row without a gain, or a value of at most `good_enough` (a
     proven bound, say). What the single moves cannot reach alone (a chain that gets
     longer before it gets shorter) these kicks can. `descent` is `_chain_descent` or
-    `chain_sweep`."""
+    `chain_sweep`, given `branches` (`chain_search`)."""
     best, (best_key, chain) = group_device.copy(), score(group_device)
     misses = 0
     while (time.perf_counter() < deadline and num_devices > 1 and misses < patience
@@ -228,24 +244,30 @@ def kicked_search(group_device: np.ndarray, score: ChainScore, *, num_devices: i
         trial = best.copy()
         used = np.bincount(trial, weights=group_memory, minlength=num_devices)
         for g in rng.choice(chain, size=min(kick, len(chain)), replace=False).tolist():
-            fits = [d for d in range(num_devices) if d != trial[g]
-                    and used[d] + group_memory[g] <= memory_cap]
+            whole = branches is not None and len(branches[g]) > 1 and rng.random() < 0.5
+            moved = list(branches[g]) if whole else [g]
+            fits = [d for d in range(num_devices) if (trial[moved] != d).any()
+                    and used[d] + group_memory[moved][trial[moved] != d].sum() <= memory_cap]
             if fits:
                 d = int(rng.choice(fits))
-                used[trial[g]] -= group_memory[g]
-                used[d] += group_memory[g]
-                trial[g] = d
+                np.subtract.at(used, trial[moved], group_memory[moved])
+                used[d] += group_memory[moved].sum()
+                trial[moved] = d
         trial, key, trial_chain = descent(trial, score(trial), score, num_devices,
-                                          group_memory, memory_cap, deadline)
+                                          group_memory, memory_cap, deadline, branches)
         if key < best_key:
             best, best_key, chain, misses = trial, key, trial_chain, 0
     return best, best_key[0]
 
 
 def justified(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
-              schedule: Schedule) -> Schedule:
+              schedule: Schedule, dispatch: bool = False) -> Schedule:
     """The better of `schedule` and its justifications (see the module docstring) for
-    the same placement: never worse than `schedule`."""
+    the same placement: never worse than `schedule`. With `dispatch` each forward pass
+    also dispatches the tasks in time by their latest starts (`dispatch_by`), the
+    better of the two going on: where devices idle while tasks wait (several
+    micro-batches), placing each task into the earliest gap in latest-start order
+    leaves them idle where the dispatch would not."""
     dev = tg.task_devices(group_device)
     position = tg.topological_position
     best = schedule
@@ -259,6 +281,10 @@ def justified(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
             tg, tg.predecessors, dev, num_devices, np.lexsort((position, latest_start)))
         candidate = evaluate_order(tg, group_device,
                                    order_by_start(tg, dev, start, finish, num_devices))
+        if dispatch:
+            candidate = min(candidate, dispatch_by(tg, group_device, num_devices,
+                                                   latest_start.tolist()),
+                            key=lambda c: c.step_time_s)
         if candidate.step_time_s >= best.step_time_s * (1 - 1e-12):
             break
         best = candidate

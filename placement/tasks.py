@@ -123,6 +123,25 @@ class TaskGraph:
         return np.bincount(self.edge_dst, minlength=self.num_tasks)
 
     @cached_property
+    def height_layers(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+        """The tasks by height (edges on the longest path to a task without successors),
+        lowest first; per height: the edges that leave its tasks, sorted by source, the
+        sources in that order, and where each source's run of edges starts. A task's
+        successors all sit lower, so a pass up the heights sees every successor done."""
+        height = np.zeros(self.num_tasks, dtype=np.int64)
+        for t in reversed(self.topological_order):
+            height[t] = max((height[d] + 1 for d, _ in self.successors[t]), default=0)
+        edges = np.lexsort((self.edge_src, height[self.edge_src]))
+        src = self.edge_src[edges]
+        layers = []
+        bounds = np.searchsorted(height[src], np.arange(int(height.max(initial=0)) + 2))
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            run = src[lo:hi]
+            starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if hi > lo else run
+            layers.append((edges[lo:hi], run[starts], starts))
+        return tuple(layers)
+
+    @cached_property
     def micro_batch(self) -> np.ndarray:
         """Per task: its micro-batch."""
         return np.array([t.micro_batch for t in self.tasks], dtype=np.int64)

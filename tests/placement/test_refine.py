@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placement.coarsen import chain_branches
 from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import heft
 from placement.refine import (chain_search, chain_sweep, justified, kicked_search,
@@ -65,16 +66,38 @@ def test_chain_search_splits_two_independent_chains():
     assert start.tolist() == [0] * 6, "the start placement is not changed in place"
 
 
+def test_chain_search_moves_a_whole_branch_where_no_single_move_helps():
+    # s (1 s) forks to a branch x1 -> x2 (2 s each) and to y (4 s), which join in j
+    # (1 s); everything on device 0: 10 s. The branch's inner edge costs 10 and y's
+    # edges 5, so moving x1, x2 or y alone to device 1 only adds transfers; the branch
+    # moved whole pays 0.5 in and 0.5 out and runs beside y: 1 + 0.5 + 4 + 0.5 + 1 = 7.
+    times = [1.0, 2.0, 2.0, 4.0, 1.0]
+    edges = [(0, 1, 0.5), (1, 2, 10.0), (2, 4, 0.5), (0, 3, 5.0), (3, 4, 5.0)]
+    graph = OpGraph(ops=tuple(Op(id=i, name=f"op{i}", forward_s={"any": t})
+                              for i, t in enumerate(times)),
+                    edges=tuple(Edge(src=s, dst=d, cost_s=c) for s, d, c in edges))
+    tg = tasks(graph, training=False)
+    start = np.zeros(tg.num_groups, dtype=np.int64)
+    common = dict(num_devices=2, group_memory=np.zeros(tg.num_groups), memory_cap=1.0,
+                  deadline=time.perf_counter() + 10)
+    assert chain_search(start, chain_score(tg, 2), **common)[1] == 10.0
+    gd, value = chain_search(start, chain_score(tg, 2), **common,
+                             branches=chain_branches(tg))
+    assert value == 7.0
+    assert gd.tolist() == [0, 1, 1, 0, 0]
+
+
 @settings(max_examples=40, deadline=None)
-@given(random_dags(), st.integers(2, 3), st.randoms())
-def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, rnd):
+@given(random_dags(), st.integers(2, 3), st.booleans(), st.randoms())
+def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, whole_branches, rnd):
     tg = tasks(graph)
     memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
     start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
     cap = float(np.bincount(start, weights=memory, minlength=k).max())
     gd, value = chain_search(start, chain_score(tg, k), num_devices=k,
                              group_memory=memory, memory_cap=cap,
-                             deadline=time.perf_counter() + 10)
+                             deadline=time.perf_counter() + 10,
+                             branches=chain_branches(tg) if whole_branches else None)
     assert np.bincount(gd, weights=memory, minlength=k).max() <= cap * (1 + 1e-12)
     assert value == list_schedule(tg, gd, k).step_time_s
     assert value <= list_schedule(tg, start, k).step_time_s
@@ -136,13 +159,31 @@ def test_kicks_escape_where_single_chain_moves_stop():
     assert swept == list_schedule(tg, gd, 2).step_time_s
 
 
+@settings(max_examples=40, deadline=None)
+@given(random_dags(), st.integers(2, 3), st.booleans(), st.randoms())
+def test_kicks_of_whole_branches_keep_memory_caps_and_never_lose(graph, k, sweep, rnd):
+    tg = tasks(graph)
+    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
+    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    gd, value = kicked_search(start, chain_score(tg, k), num_devices=k, group_memory=memory,
+                              memory_cap=cap, deadline=time.perf_counter() + 10,
+                              rng=np.random.default_rng(rnd.randrange(2**32)), patience=10,
+                              branches=chain_branches(tg),
+                              **({"descent": chain_sweep} if sweep else {}))
+    assert np.bincount(gd, weights=memory, minlength=k).max() <= cap * (1 + 1e-12)
+    assert value == list_schedule(tg, gd, k).step_time_s
+    assert value <= list_schedule(tg, start, k).step_time_s
+
+
 @settings(max_examples=80, deadline=None)
-@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.randoms())
-def test_justification_never_loses_and_its_order_gives_its_times(graph, k, micro, rnd):
+@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.booleans(), st.randoms())
+def test_justification_never_loses_and_its_order_gives_its_times(graph, k, micro, dispatch,
+                                                                 rnd):
     tg = tasks(graph, k=micro)
     gd = random_placement(tg, k, rnd)
     listed = list_schedule(tg, gd, k)
-    better = justified(tg, gd, k, listed)
+    better = justified(tg, gd, k, listed, dispatch=dispatch)
     assert better.step_time_s <= listed.step_time_s
     again = evaluate_order(tg, gd, better.order)
     assert np.allclose(again.start_s, better.start_s)
@@ -176,12 +217,12 @@ def test_order_search_never_loses_and_its_order_gives_its_times(graph, k, micro,
     assert np.allclose(again.start_s, found.start_s)
 
 
-def test_order_search_runs_the_early_input_first_where_ranks_and_justification_do_not():
-    # Device 0 holds a (7) and e (5); device 1 holds b (6), c (4), d (3) and f (6),
-    # with a -> b (transfer 4), a -> c (3), b -> d, b -> f and e -> f (3). The ranks put
-    # b first on device 1, which idles until b's input arrives at 11 and runs c last:
-    # 30, and justification keeps that order. c first (10 to 14, while b's input is
-    # on its way) gives 29, the best order over every topological order.
+def early_input_case():
+    """Device 0 holds a (7) and e (5); device 1 holds b (6), c (4), d (3) and f (6),
+    with a -> b (transfer 4), a -> c (3), b -> d, b -> f and e -> f (3). The ranks put
+    b first on device 1, which idles until b's input arrives at 11 and runs c last:
+    30. c first (10 to 14, while b's input is on its way) gives 29. Returns the task
+    graph, the placement and the best step time over every topological order."""
     times = [7.0, 6.0, 4.0, 3.0, 5.0, 6.0]
     edges = [(0, 1, 4.0), (0, 2, 3.0), (1, 3, 4.0), (1, 5, 3.0), (4, 5, 3.0)]
     graph = OpGraph(ops=tuple(Op(id=i, name=f"op{i}", forward_s={"any": t})
@@ -192,11 +233,26 @@ def test_order_search_runs_the_early_input_first_where_ranks_and_justification_d
     dev = tg.task_devices(gd)
     best = min(evaluate_order(tg, gd, [[t for t in o if dev[t] == d] for d in range(2)]
                               ).step_time_s for o in topological_orders(tg))
+    return tg, gd, best
+
+
+def test_order_search_runs_the_early_input_first_where_ranks_and_justification_do_not():
+    tg, gd, best = early_input_case()
     listed = list_schedule(tg, gd, 2)
     assert listed.step_time_s == justified(tg, gd, 2, listed).step_time_s == 30.0 > best
     found = order_search(tg, gd, listed, deadline=time.perf_counter() + 5,
                          rng=np.random.default_rng(0), patience=0)
     assert found.step_time_s == best == 29.0
+
+
+def test_justification_by_dispatch_runs_the_early_input_first():
+    # The forward pass in latest-start order puts b before c on device 1 (b's latest
+    # start is the earlier), as the list schedule did; dispatched in time, c is the
+    # only task of device 1 that has arrived at 10, so it runs while b's input is on
+    # its way.
+    tg, gd, best = early_input_case()
+    listed = list_schedule(tg, gd, 2)
+    assert justified(tg, gd, 2, listed, dispatch=True).step_time_s == best == 29.0
 
 
 @settings(max_examples=40, deadline=None)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from placement.cluster import Link
 from placement.graph import Edge, Op, OpGraph
 from placement.io import load_graph, load_peer_split
+from placement import simulate
 from placement.simulate import (
     OrderError,
     device_loads,
@@ -18,6 +19,7 @@ from placement.simulate import (
     max_load,
     max_load_lower_bound,
     step_time_lower_bound,
+    upward_rank,
 )
 from placement.tasks import build_tasks, corun_slowdown, split_overhead
 from tests.placement.helpers import chain_graph, dag
@@ -214,6 +216,30 @@ def test_dispatch_schedules_are_feasible_and_never_idle_a_device_with_a_ready_ta
     again = evaluate_order(tg, gd, sched.order)
     assert again.step_time_s == pytest.approx(sched.step_time_s)
     assert sched.step_time_s >= step_time_lower_bound(tg, k) - 1e-9
+
+
+def brute_upward_rank(tg, weights):
+    """Per task: the longest (time + weighted transfer) path from it, over every path."""
+    def longest(t):
+        return tg.duration_s[t] + max(
+            (w + longest(d) for s, d, w in zip(tg.edge_src, tg.edge_dst, weights) if s == t),
+            default=0.0)
+    return [longest(t) for t in range(tg.num_tasks)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_dags(max_ops=6), st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 10**9]),
+       st.randoms())
+def test_upward_rank_is_the_longest_path_after_each_task_by_heights_or_by_tasks(
+        graph, k, micro, layer_width, rnd):
+    tg = tasks(graph, k=micro)
+    dev = tg.task_devices(random_placement(tg, k, rnd))
+    crossing = (dev[tg.edge_src] != dev[tg.edge_dst]).astype(float)
+    # LAYER_WIDTH 1 takes the pass per height on every graph, 10**9 the loop per task.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulate, "LAYER_WIDTH", layer_width)
+        rank = upward_rank(tg, crossing)
+    assert rank.tolist() == pytest.approx(brute_upward_rank(tg, tg.edge_transfer_s * crossing))
 
 
 def test_single_device_step_is_the_total_work():
