@@ -87,13 +87,18 @@ def test_chain_search_moves_a_whole_branch_where_no_single_move_helps():
     assert gd.tolist() == [0, 1, 1, 0, 0]
 
 
+def capped_start(tg, k: int, rnd):
+    """Random group memory, a random placement, and the cap that placement just fits."""
+    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
+    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
+    return memory, start, float(np.bincount(start, weights=memory, minlength=k).max())
+
+
 @settings(max_examples=40, deadline=None)
 @given(random_dags(), st.integers(2, 3), st.booleans(), st.randoms())
 def test_chain_search_keeps_memory_caps_and_never_loses(graph, k, whole_branches, rnd):
     tg = tasks(graph)
-    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
-    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
-    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    memory, start, cap = capped_start(tg, k, rnd)
     gd, value = chain_search(start, chain_score(tg, k), num_devices=k,
                              group_memory=memory, memory_cap=cap,
                              deadline=time.perf_counter() + 10,
@@ -119,9 +124,7 @@ def test_chain_sweep_splits_two_independent_chains():
 def test_chain_sweep_keeps_memory_caps_never_loses_and_ends_where_no_chain_move_helps(
         graph, k, rnd):
     tg = tasks(graph)
-    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
-    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
-    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    memory, start, cap = capped_start(tg, k, rnd)
     score = chain_score(tg, k)
     gd, key, chain = chain_sweep(start, score(start), score, k, memory, cap,
                                  time.perf_counter() + 10)
@@ -163,9 +166,7 @@ def test_kicks_escape_where_single_chain_moves_stop():
 @given(random_dags(), st.integers(2, 3), st.booleans(), st.randoms())
 def test_kicks_of_whole_branches_keep_memory_caps_and_never_lose(graph, k, sweep, rnd):
     tg = tasks(graph)
-    memory = np.array([rnd.uniform(0, 1) for _ in range(tg.num_groups)])
-    start = np.array([rnd.randrange(k) for _ in range(tg.num_groups)])
-    cap = float(np.bincount(start, weights=memory, minlength=k).max())
+    memory, start, cap = capped_start(tg, k, rnd)
     gd, value = kicked_search(start, chain_score(tg, k), num_devices=k, group_memory=memory,
                               memory_cap=cap, deadline=time.perf_counter() + 10,
                               rng=np.random.default_rng(rnd.randrange(2**32)), patience=10,
