@@ -174,12 +174,12 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     on tests at 0.01 that failed too).
     The first test lies a hair inside CHARGE_GAP under `upper`, with cells of
     `max_merge`, and may run until `line_deadline` (`deadline` where None): a proof
-    there meets issue 16's gap whatever the climb would reach, and ends the climb. On decomposed bert12
-    the climb spent its time on the tests below it (at 1.0362 W/4 6 s with cells of
-    0.005 W/4, failing its pace, then 7 s with 0.02) and the test at the line, which
-    proves in 15-25 s, never ran; on decomposed ResNet-50 the line lies above what
-    the relaxation can prove, and the test there finds a relaxed placement in about
-    6 s."""
+    there meets issue 16's gap whatever the climb would reach, and ends the climb.
+    On decomposed bert12 the climb spent its time on the tests below it (at 1.0362
+    W/4 6 s with cells of 0.005 W/4, failing its pace, then 7 s with 0.02) and the
+    test at the line, which proves in 15-25 s, never ran; on decomposed ResNet-50 the
+    line lies above what the relaxation can prove, and the test there finds a relaxed
+    placement in 3-6 s."""
     if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
         return lower
     model = _Model(tg, units, num_devices, light)
