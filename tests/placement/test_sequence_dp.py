@@ -19,6 +19,7 @@ from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.segment_bound import segment_bound
 from placement.sequence_dp import (
     BOUND_RESOLUTION,
+    CHARGE_GAP,
     TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
@@ -143,6 +144,26 @@ def test_the_relaxed_bound_never_above_the_optimum(seed):
     costs = np.sort(_Model(p.tg, units, k).cost)
     for light in costs[[len(costs) // 2, -1]] if len(costs) else []:
         assert lower <= relaxed_bound(p.tg, units, k, lower, 2 * optimum, light) \
+            <= optimum * (1 + 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_the_relaxed_bound_tests_the_gap_line_first(seed):
+    """The first test lies CHARGE_GAP under the incumbent's value: with no sender
+    dropped, a line just under the optimum proves and is the bound; a line just above
+    it finds a placement, and the climb after it stays at most the optimum, with the
+    cheaper half of the senders dropped too."""
+    p, units, optimum = _case(seed)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    under = optimum * (1 - 1e-3) / (1 - CHARGE_GAP)
+    if (1 - CHARGE_GAP) * under > lower:
+        bound = relaxed_bound(p.tg, units, k, lower, under, 0.0)
+        assert (1 - CHARGE_GAP) * under < bound < (1 - CHARGE_GAP) * under * (1 + 1e-5)
+    over = optimum * (1 + 1e-3) / (1 - CHARGE_GAP)
+    costs = np.sort(_Model(p.tg, units, k).cost)
+    for light in [0.0, *costs[len(costs) // 2:][:1]]:
+        assert lower <= relaxed_bound(p.tg, units, k, lower, over, light) \
             <= optimum * (1 + 1e-9)
 
 
