@@ -86,7 +86,8 @@ TIED_ROOM_SHARES = np.array([1.0, 0.9, 0.8, 0.7])
 #: a test finds none at or above its bound, CHARGE_AHEAD above it, and a test reuses
 #: the least of them at or above its own bound (they hold there, a little weaker).
 #: The relaxation makes its first at CHARGE_GAP under the incumbent, where a proof
-#: meets issue 16's 2% gap: on decomposed bert12 the tests below it then take 0-1.5 s.
+#: meets the 2% gap the max-load planner aims to prove: on decomposed bert12 the
+#: tests below it then take 0-1.5 s.
 CHARGE_AHEAD = 0.004
 CHARGE_GAP = 0.02
 
@@ -174,7 +175,7 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     on tests at 0.01 that failed too).
     The first test lies a hair inside CHARGE_GAP under `upper`, with cells of
     `max_merge`, and may run until `line_deadline` (`deadline` where None): a proof
-    there meets issue 16's gap whatever the climb would reach, and ends the climb.
+    there meets that gap whatever the climb would reach, and ends the climb.
     On decomposed bert12 the climb spent its time on the tests below it (at 1.0362
     W/4 6 s with cells of 0.005 W/4, failing its pace, then 7 s with 0.02) and the
     test at the line, which proves in 15-25 s, never ran; on decomposed ResNet-50 the

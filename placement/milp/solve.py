@@ -65,7 +65,7 @@ SEQUENCE_DP_SHARE = 0.5
 #: bert12's senders. With 0.6 of the time left the climb on decomposed ResNet-50
 #: reached 1.1285 W/4 and every test after it stopped at the deadline (load 4.6).
 RELAXED_DP_SHARE = 0.8
-#: ... and the share its first test, at issue 16's 2% gap, may take: on decomposed
+#: ... and the share its first test, at the 2% gap (CHARGE_GAP), may take: on decomposed
 #: bert12 that test, which meets the gap, needs 20-25 s after 6 s of tables, where
 #: the MILP rounds and the window search after it improve nothing; on decomposed
 #: ResNet-50 it fails in about 6 s and the climb still has its share.
