@@ -137,7 +137,7 @@ class TaskGraph:
         bounds = np.searchsorted(height[src], np.arange(int(height.max(initial=0)) + 2))
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             run = src[lo:hi]
-            starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]]) if hi > lo else run
+            starts = np.flatnonzero(np.diff(run, prepend=-1))
             layers.append((edges[lo:hi], run[starts], starts))
         return tuple(layers)
 
