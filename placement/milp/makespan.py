@@ -524,10 +524,9 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
         leaders.note(gd, value[0])
         return value
 
-    def chain_score(gd: np.ndarray) -> tuple[tuple[float, float], list[int]]:
-        value = _chain_score(tg, gd, k, rule, justify)
-        leaders.note(gd, value[0][0])
-        return value
+    def chain_score(gd: np.ndarray, below: tuple[float, float] | None
+                    ) -> tuple[tuple[float, float], list[int]] | None:
+        return _chain_score(tg, gd, k, rule, justify, below, leaders)
 
     def refine(share: float) -> None:
         # The chain moves first (cheap), then the full neighbourhood, until neither
@@ -675,12 +674,19 @@ def _score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool
     return schedule.step_time_s, _last_finishes(schedule, k) + 1e-9 * busy_time(tg, gd, k)
 
 
-def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool
-                 ) -> tuple[tuple[float, float], list[int]]:
-    """(step time, sum of the devices' last finishes) and the critical chain's groups."""
+def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool,
+                 below: tuple[float, float] | None = None, leaders: Leaders | None = None
+                 ) -> tuple[tuple[float, float], list[int]] | None:
+    """(step time, sum of the devices' last finishes) and the critical chain's groups;
+    None, the chain not traced, when the key is not below `below` (`refine.ChainScore`).
+    The step time goes to `leaders` too."""
     schedule = _schedule(tg, gd, k, order, justify)
-    groups = dict.fromkeys(tg.group[critical_chain(tg, schedule)].tolist())
-    return (schedule.step_time_s, float(_last_finishes(schedule, k).sum())), list(groups)
+    key = (schedule.step_time_s, float(_last_finishes(schedule, k).sum()))
+    if leaders is not None:
+        leaders.note(gd, key[0])
+    if below is not None and not key < below:
+        return None
+    return key, list(dict.fromkeys(tg.group[critical_chain(tg, schedule)].tolist()))
 
 
 def _fits(problem: Problem, gd: np.ndarray) -> bool:
@@ -807,10 +813,10 @@ def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
     is unknown."""
     zero = np.zeros(part.num_groups)
 
-    def chain_score(g: np.ndarray):
-        return _chain_score(part, g, k, PLAIN_ORDER, justify)
+    def chain_score(g: np.ndarray, below: tuple[float, float] | None):
+        return _chain_score(part, g, k, PLAIN_ORDER, justify, below)
 
-    gd, _, _ = chain_sweep(gd, chain_score(gd), chain_score, k, zero, 1.0, until)
+    gd, _, _ = chain_sweep(gd, chain_score(gd, None), chain_score, k, zero, 1.0, until)
     return kicked_search(gd, chain_score, num_devices=k, group_memory=zero, memory_cap=1.0,
                          deadline=until, rng=rng, descent=chain_sweep)
 
