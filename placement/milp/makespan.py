@@ -654,9 +654,12 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     return max(bound, relaxed_bound), status
 
 
-def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool):
+def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool,
+              cutoff_s: float = math.inf) -> Schedule | None:
+    """`gd`'s schedule made the `order` way; None, where a dispatch makes it, once its
+    step is sure to end after `cutoff_s`."""
     if order.dispatch:
-        return dispatch_schedule(tg, gd, k, stagger_s=order.stagger_s)
+        return dispatch_schedule(tg, gd, k, stagger_s=order.stagger_s, cutoff_s=cutoff_s)
     schedule = list_schedule(tg, gd, k, stagger_s=order.stagger_s)
     return justified(tg, gd, k, schedule) if justify else schedule
 
@@ -678,9 +681,13 @@ def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify
                  below: tuple[float, float] | None = None, leaders: Leaders | None = None
                  ) -> tuple[tuple[float, float], list[int]] | None:
     """(step time, sum of the devices' last finishes) and the critical chain's groups;
-    None, the chain not traced, when the key is not below `below` (`refine.ChainScore`).
-    The step time goes to `leaders` too."""
-    schedule = _schedule(tg, gd, k, order, justify)
+    None, the chain not traced, when the key is not below `below` (`refine.ChainScore`),
+    and a dispatch stops as soon as its step is sure to end after below's. The step
+    times of the schedules made to the end go to `leaders` too."""
+    schedule = _schedule(tg, gd, k, order, justify,
+                         math.inf if below is None else below[0])
+    if schedule is None:
+        return None
     key = (schedule.step_time_s, float(_last_finishes(schedule, k).sum()))
     if leaders is not None:
         leaders.note(gd, key[0])

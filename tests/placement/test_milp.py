@@ -448,7 +448,7 @@ def test_the_order_search_also_runs_on_a_runner_up_placement():
 @pytest.mark.parametrize("seed", range(6))
 def test_a_chain_score_below_a_key_answers_only_for_keys_below_it(seed):
     """The search's moves ask for a placement's key and chain only where the key falls
-    (`refine.ChainScore`); the step time still reaches the leaders either way."""
+    (`refine.ChainScore`); the step times of those found reach the leaders."""
     rng = np.random.default_rng(seed)
     p = problem(training_dag(seed, 7), 3, "makespan", num_micro_batches=3)
     order = Ordering(dispatch=bool(seed % 2), stagger_s=0.5 * (seed % 3))
@@ -461,7 +461,8 @@ def test_a_chain_score_below_a_key_answers_only_for_keys_below_it(seed):
             leaders = Leaders(1)
             answer = _chain_score(p.tg, gd, 3, order, False, below, leaders)
             assert answer == (full if full[0] < below else None)
-            assert leaders.placements()[0].tolist() == gd.tolist()
+            if answer is not None:
+                assert leaders.placements()[0].tolist() == gd.tolist()
 
 
 def test_leaders_keep_the_best_distinct_placements_as_copies():
