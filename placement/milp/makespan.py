@@ -154,8 +154,9 @@ SCHEDULE_SHARE = 0.7
 #: had found nothing (CP-SAT proves 357.8 the optimum there; the optimal placement's
 #: list schedule gives 391.0, its justification 381.1, the search 358.8 in 20 s).
 ORDER_SEARCH_SHARE = 0.5
-#: How many of the best placements the local search scored get the order search, and
-#: in how many groups each differs from the others: it judges placements by their
+#: How many of the best placements the local search scored in full (not the moves whose
+#: dispatch stopped early, worse than the placement they left) get the order search,
+#: and in how many groups each differs from the others: it judges placements by their
 #: justified list schedule, which misses the orders the order search finds, so the best
 #: order may lie on a runner-up. On GNMT's paper preset on two V100s the fourth (382.3
 #: ms justified) reached 363.0 where the best (373.2) reached 364.6, with 1 s each;
