@@ -154,8 +154,9 @@ SCHEDULE_SHARE = 0.7
 #: had found nothing (CP-SAT proves 357.8 the optimum there; the optimal placement's
 #: list schedule gives 391.0, its justification 381.1, the search 358.8 in 20 s).
 ORDER_SEARCH_SHARE = 0.5
-#: How many of the best placements the local search scored get the order search, and
-#: in how many groups each differs from the others: it judges placements by their
+#: How many of the best placements the local search scored in full (not the moves whose
+#: dispatch stopped early, worse than the placement they left) get the order search,
+#: and in how many groups each differs from the others: it judges placements by their
 #: justified list schedule, which misses the orders the order search finds, so the best
 #: order may lie on a runner-up. On GNMT's paper preset on two V100s the fourth (382.3
 #: ms justified) reached 363.0 where the best (373.2) reached 364.6, with 1 s each;
@@ -524,10 +525,9 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
         leaders.note(gd, value[0])
         return value
 
-    def chain_score(gd: np.ndarray) -> tuple[tuple[float, float], list[int]]:
-        value = _chain_score(tg, gd, k, rule, justify)
-        leaders.note(gd, value[0][0])
-        return value
+    def chain_score(gd: np.ndarray, below: tuple[float, float] | None
+                    ) -> tuple[tuple[float, float], list[int]] | None:
+        return _chain_score(tg, gd, k, rule, justify, below, leaders)
 
     def refine(share: float) -> None:
         # The chain moves first (cheap), then the full neighbourhood, until neither
@@ -655,9 +655,12 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     return max(bound, relaxed_bound), status
 
 
-def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool):
+def _schedule(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool,
+              cutoff_s: float = math.inf) -> Schedule | None:
+    """`gd`'s schedule made the `order` way; None, where a dispatch makes it, once its
+    step is sure to end after `cutoff_s`."""
     if order.dispatch:
-        return dispatch_schedule(tg, gd, k, stagger_s=order.stagger_s)
+        return dispatch_schedule(tg, gd, k, stagger_s=order.stagger_s, cutoff_s=cutoff_s)
     schedule = list_schedule(tg, gd, k, stagger_s=order.stagger_s)
     return justified(tg, gd, k, schedule) if justify else schedule
 
@@ -675,12 +678,23 @@ def _score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool
     return schedule.step_time_s, _last_finishes(schedule, k) + 1e-9 * busy_time(tg, gd, k)
 
 
-def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool
-                 ) -> tuple[tuple[float, float], list[int]]:
-    """(step time, sum of the devices' last finishes) and the critical chain's groups."""
-    schedule = _schedule(tg, gd, k, order, justify)
-    groups = dict.fromkeys(tg.group[critical_chain(tg, schedule)].tolist())
-    return (schedule.step_time_s, float(_last_finishes(schedule, k).sum())), list(groups)
+def _chain_score(tg: TaskGraph, gd: np.ndarray, k: int, order: Ordering, justify: bool,
+                 below: tuple[float, float] | None = None, leaders: Leaders | None = None
+                 ) -> tuple[tuple[float, float], list[int]] | None:
+    """(step time, sum of the devices' last finishes) and the critical chain's groups;
+    None, the chain not traced, when the key is not below `below` (`refine.ChainScore`),
+    and a dispatch stops as soon as its step is sure to end after below's. The step
+    times of the schedules made to the end go to `leaders` too."""
+    schedule = _schedule(tg, gd, k, order, justify,
+                         math.inf if below is None else below[0])
+    if schedule is None:
+        return None
+    key = (schedule.step_time_s, float(_last_finishes(schedule, k).sum()))
+    if leaders is not None:
+        leaders.note(gd, key[0])
+    if below is not None and not key < below:
+        return None
+    return key, list(dict.fromkeys(tg.group[critical_chain(tg, schedule)].tolist()))
 
 
 def _fits(problem: Problem, gd: np.ndarray) -> bool:
@@ -807,10 +821,10 @@ def _search_part(part: TaskGraph, k: int, gd: np.ndarray, until: float,
     is unknown."""
     zero = np.zeros(part.num_groups)
 
-    def chain_score(g: np.ndarray):
-        return _chain_score(part, g, k, PLAIN_ORDER, justify)
+    def chain_score(g: np.ndarray, below: tuple[float, float] | None):
+        return _chain_score(part, g, k, PLAIN_ORDER, justify, below)
 
-    gd, _, _ = chain_sweep(gd, chain_score(gd), chain_score, k, zero, 1.0, until)
+    gd, _, _ = chain_sweep(gd, chain_score(gd, None), chain_score, k, zero, 1.0, until)
     return kicked_search(gd, chain_score, num_devices=k, group_memory=zero, memory_cap=1.0,
                          deadline=until, rng=rng, descent=chain_sweep)
 

@@ -15,7 +15,7 @@ from placement.graph import Edge, Op, OpGraph
 from placement.io import load_graph
 from placement.milp.backends import BACKENDS, Backend, SolveResult, choose_backend
 from placement.milp.incumbent import Incumbent
-from placement.milp.makespan import order_search_round
+from placement.milp.makespan import Ordering, _chain_score, order_search_round
 from placement.milp.solve import solve_plan
 from placement.planner import (
     SOLVERS,
@@ -443,6 +443,26 @@ def test_the_order_search_also_runs_on_a_runner_up_placement():
     assert np.array_equal(incumbent.group_device, runner_up)
     again = evaluate_order(p.tg, incumbent.group_device, incumbent.order)
     assert again.step_time_s == 23.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_chain_score_below_a_key_answers_only_for_keys_below_it(seed):
+    """The search's moves ask for a placement's key and chain only where the key falls
+    (`refine.ChainScore`); the step times of those found reach the leaders."""
+    rng = np.random.default_rng(seed)
+    p = problem(training_dag(seed, 7), 3, "makespan", num_micro_batches=3)
+    order = Ordering(dispatch=bool(seed % 2), stagger_s=0.5 * (seed % 3))
+    keys = []
+    for _ in range(12):
+        gd = rng.integers(3, size=p.tg.num_groups)
+        full = _chain_score(p.tg, gd, 3, order, False)
+        keys.append(full[0])
+        for below in keys:
+            leaders = Leaders(1)
+            answer = _chain_score(p.tg, gd, 3, order, False, below, leaders)
+            assert answer == (full if full[0] < below else None)
+            if answer is not None:
+                assert leaders.placements()[0].tolist() == gd.tolist()
 
 
 def test_leaders_keep_the_best_distinct_placements_as_copies():

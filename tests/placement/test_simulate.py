@@ -191,6 +191,24 @@ def test_dispatch_beats_the_list_schedule_at_every_stagger():
     assert dispatch_schedule(tg, gd, 2).step_time_s == pytest.approx(17.0 + 2 / 3)
 
 
+@settings(max_examples=80, deadline=None)
+@given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.floats(0.0, 5.0),
+       st.floats(0.0, 2.0), st.randoms())
+def test_a_dispatch_stops_only_where_its_step_ends_after_the_cutoff(
+        graph, k, micro, stagger, share, rnd):
+    tg = tasks(graph, k=micro)
+    gd = random_placement(tg, k, rnd)
+    whole = dispatch_schedule(tg, gd, k, stagger_s=stagger)
+    cutoff = share * whole.step_time_s
+    cut = dispatch_schedule(tg, gd, k, stagger_s=stagger, cutoff_s=cutoff)
+    if cutoff >= whole.step_time_s:
+        assert cut is not None and cut.order == whole.order
+        assert np.array_equal(cut.start_s, whole.start_s)
+        assert np.array_equal(cut.finish_s, whole.finish_s)
+    elif cutoff < whole.step_time_s * (1 - 1e-6):
+        assert cut is None
+
+
 @settings(max_examples=60, deadline=None)
 @given(random_dags(), st.integers(1, 3), st.integers(1, 3), st.floats(0.0, 5.0),
        st.randoms())
