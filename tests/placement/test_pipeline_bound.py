@@ -143,6 +143,29 @@ def test_the_partial_rounds_keep_the_bound_valid(seed, monkeypatch):
     assert relaxation_bound(p) <= search_step_time(p.tg, k) * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("rises, calls", [(False, 2), (True, 3)])
+def test_the_partial_rounds_stop_when_a_doubling_leaves_the_bound(rises, calls,
+                                                                  monkeypatch):
+    # Four groups: partial models of 1 and 2 integral groups, then the full model.
+    monkeypatch.setattr(pipeline_bound, "FIRST_INTEGRAL", 1)
+    monkeypatch.setattr(pipeline_bound, "PARTIAL_MIN_GROUPS", 1)
+    p = problem(training_dag(3, 5), 2, "makespan", num_micro_batches=2)
+    assert p.tg.num_groups == 4
+    solved = []
+
+    def fake_solve(problem, backend, incumbent, deadline, proven, max_pairs, integral):
+        solved.append(integral)
+        return 1.0 + len(solved) * rises, None
+
+    monkeypatch.setattr(pipeline_bound, "_solve", fake_solve)
+    name, group_device, value = best_heuristic(p)
+    result = solve_relaxation(p, BACKENDS["highs"], Incumbent(group_device, value, name),
+                              time.perf_counter() + 20)
+    assert len(solved) == calls
+    assert result.bound == 1.0 + calls * rises
+    assert (solved[-1] is None) == rises
+
+
 @pytest.mark.parametrize("solver", ["highs", "cbc", "glpk"])
 def test_fill_and_drain_raise_the_bound_to_the_optimum(solver):
     # Three ops with backward, two micro-batches, two devices: the window bound is 20;
