@@ -385,7 +385,8 @@ def dispatch_by(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
     # The bounds add up durations in other orders than the schedule does: a relative
     # slack keeps their rounding from cutting a step that ends at `cutoff_s`.
     limit = cutoff_s * (1 + 1e-9)
-    left = np.bincount(dev, weights=tg.duration_s, minlength=num_devices).tolist()
+    left = (None if tail is None else
+            np.bincount(dev, weights=tg.duration_s, minlength=num_devices).tolist())
     order: list[list[int]] = [[] for _ in range(num_devices)]
     push, pop = heapq.heappush, heapq.heappop
     for t in np.flatnonzero(tg.in_degree == 0).tolist():
