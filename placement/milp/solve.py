@@ -34,7 +34,7 @@ from placement.milp.incumbent import (
 )
 from placement.plan import Plan
 from placement.problem import Problem, best_heuristic, finish_plan
-from placement.refine import local_search
+from placement.refine import max_load_search
 from placement.simulate import device_loads
 
 #: Above this many groups the max-load MILP first runs on chain-merged clusters.
@@ -178,9 +178,9 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     def refine(source: str, share: float) -> None:
         incumbent.stage = "local search"
         until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
-        gd, value = local_search(incumbent.group_device, score, num_devices=k,
-                                 group_memory=problem.group_memory,
-                                 memory_cap=problem.memory_cap, deadline=until)
+        gd, value = max_load_search(tg, incumbent.group_device, num_devices=k,
+                                    group_memory=problem.group_memory,
+                                    memory_cap=problem.memory_cap, deadline=until)
         incumbent.offer(gd, value, refined(source))
 
     # Exact presolve: a side input never loses by sitting with its one neighbour
