@@ -188,7 +188,8 @@ def _best_load_move(tracker: LoadTracker, current: np.ndarray, loads: np.ndarray
                     used: np.ndarray, near: list[np.ndarray], group_memory: np.ndarray,
                     memory_cap: float, deadline: float) -> list[tuple[int, int]] | None:
     """`_best_move` on the tracker: the best improving single move, else the best
-    improving swap, as [(group, new device), ...]; None when neither improves."""
+    improving swap, as [(group, new device), ...]; None when neither improves or
+    `deadline` passes first."""
     k = len(loads)
     worst = int(np.argmax(loads))
     value = float(loads.max())
