@@ -15,6 +15,12 @@ search, 0.021567) is a local optimum of those and of every single run of up to
 MAX_RUN units along the sequence; swapping units 243-245 of the busiest device with
 units 481-490 of its successor gives 0.021559 in 0.5 s, what the window search's
 MILP reached with 78 free units after 19 s.
+
+`max_load_search` is `refine.local_search` for the max-load on the same changes, with
+every group its own unit: a swap of two groups that share no sender is the sum of their
+two moves' changes, so a round of swaps is one array sum where `local_search` simulated
+each (190,000 a round on decomposed bert12, where the minute's share ran out before the
+first round ended).
 Hand-written: moves of this model's own runs, which no solver or library offers.
 """
 
@@ -161,6 +167,107 @@ def boundary_swaps(tg: TaskGraph, num_devices: int, units: Sequence[Sequence[int
             unit_device[run] = d
     placed = unit_device[u.unit_of_group]
     return placed, float(device_loads(tg, placed, k).max())
+
+
+def max_load_search(tg: TaskGraph, group_device: np.ndarray, *, num_devices: int,
+                    group_memory: np.ndarray, memory_cap: float, deadline: float,
+                    max_rounds: int = 10_000) -> tuple[np.ndarray, float]:
+    """`refine.local_search` with the max-load as its score: the same neighbourhood
+    (the busiest device's groups moved, else swapped with another device's) and the
+    same choice (the least (max-load, sum of squared loads) among improving changes,
+    the first in its loops' order on ties), until none improves or `deadline` passes.
+    Returns the placement and its max-load."""
+    k = num_devices
+    u = _units(tg, [[g] for g in range(tg.num_groups)], group_memory)
+    # Per group: the groups it shares a sender with, whose swaps do not add up.
+    near = [np.array(sorted({x for j in u.at[g] for x in u.members[j]}), dtype=np.int64)
+            for g in range(tg.num_groups)]
+    best = group_device.copy()
+    loads = device_loads(tg, best, k)
+    used = np.bincount(best, weights=group_memory, minlength=k)
+    for _ in range(max_rounds):
+        move = _best_load_move(u, best, loads, used, near, group_memory, memory_cap,
+                               deadline)
+        if move is None:
+            break
+        changes, loads = move
+        for g, d in changes:
+            used[best[g]] -= group_memory[g]
+            used[d] += group_memory[g]
+            best[g] = d
+    return best, float(device_loads(tg, best, k).max())
+
+
+def _best_load_move(u: _Units, current: np.ndarray, loads: np.ndarray, used: np.ndarray,
+                    near: list[np.ndarray], group_memory: np.ndarray, memory_cap: float,
+                    deadline: float) -> tuple[list[tuple[int, int]], np.ndarray] | None:
+    """`refine._best_move` on `_change`: the best improving single move, else the best
+    improving swap, as ([(group, new device), ...], the loads after it); None when
+    neither improves or `deadline` passes first."""
+    k = len(loads)
+    worst = int(np.argmax(loads))
+    value = float(loads.max())
+    spread = float(np.square(loads).sum())
+    tolerance = 1e-12 * max(1.0, abs(value))
+    mine = np.flatnonzero(current == worst)
+    # change[i, d]: what moving mine[i] to d adds to the loads (zero for d = worst).
+    change = np.zeros((len(mine), k, k))
+    for i, g in enumerate(mine.tolist()):
+        if time.perf_counter() > deadline:
+            return None
+        for d in range(k):
+            if d != worst:
+                change[i, d] = _change([g], d, current, u, k)
+
+    def pick(new_loads: np.ndarray, allowed: np.ndarray) -> np.ndarray | None:
+        # The first least (value, spread) among improving ones; keys equal but for
+        # rounding (summed from changes here, simulated in `_best_move`) count as
+        # equal, so ties fall to the same change.
+        v = new_loads.max(axis=-1)
+        sq = np.square(new_loads).sum(axis=-1)
+        better = allowed & ((v < value - tolerance)
+                            | ((v <= value + tolerance) & (sq < spread * (1 - 1e-9))))
+        if not better.any():
+            return None
+        least = better & (v <= v[better].min() + tolerance)
+        least &= sq <= sq[least].min() * (1 + 1e-12)
+        return np.array(np.unravel_index(int(np.argmax(least.ravel())), least.shape))
+
+    fits = used[None, :] + group_memory[mine][:, None] <= memory_cap
+    fits[:, worst] = False
+    single = pick(loads + change, fits)
+    if single is not None:
+        g, d = int(mine[single[0]]), int(single[1])
+        return [(g, d)], loads + change[single[0], d]
+    others = np.flatnonzero(current != worst)
+    if not len(mine) or not len(others):
+        return None
+    theirs = np.empty((len(others), k))
+    for j, h in enumerate(others.tolist()):
+        if time.perf_counter() > deadline:
+            return None
+        theirs[j] = _change([h], worst, current, u, k)
+    to = current[others]
+    # A swap's loads: its two moves' changes added, but for the pairs that share a
+    # sender, whose second change is taken after the first.
+    swapped = loads + change[:, to, :] + theirs[None, :, :]
+    slot = np.full(len(current), -1, dtype=np.int64)
+    slot[others] = np.arange(len(others))
+    for i, g in enumerate(mine.tolist()):
+        for h in near[g][slot[near[g]] >= 0].tolist():
+            moved = current.copy()
+            moved[g] = current[h]
+            swapped[i, slot[h]] = (loads + change[i, current[h]]
+                                   + _change([h], worst, moved, u, k))
+    allowed = ((used[to][None, :] - group_memory[others][None, :]
+                + group_memory[mine][:, None] <= memory_cap)
+               & (used[worst] - group_memory[mine][:, None]
+                  + group_memory[others][None, :] <= memory_cap))
+    pair = pick(swapped, allowed)
+    if pair is None:
+        return None
+    g, h = int(mine[pair[0]]), int(others[pair[1]])
+    return [(g, int(current[h])), (h, worst)], swapped[pair[0], pair[1]]
 
 
 def _boundary_runs(unit_device: np.ndarray) -> list[list[int]]:

@@ -29,8 +29,6 @@ import numpy as np
 
 from placement.simulate import (
     DeviceTimeline,
-    LoadTracker,
-    device_loads,
     OrderError,
     Schedule,
     ready_time,
@@ -141,115 +139,6 @@ def _best_move(current: np.ndarray, value: float, loads: np.ndarray, score: Scor
         return None
     _, changes, v, new_loads = best
     return changes, v, new_loads
-
-
-def max_load_search(tg: TaskGraph, group_device: np.ndarray, *, num_devices: int,
-                    group_memory: np.ndarray, memory_cap: float, deadline: float,
-                    max_rounds: int = 10_000) -> tuple[np.ndarray, float]:
-    """`local_search` for the max-load, the same neighbourhood and choice, on a
-    `LoadTracker`: a move's loads come from its group's own sends, and a swap of two
-    groups with no send in common (almost every pair) adds their two moves' changes,
-    so the swaps cost one array sum where `local_search` simulates each (190,000 a
-    round on decomposed bert12: the minute's share ran out before the first round of
-    swaps ended). Returns the placement and its max-load."""
-    k = num_devices
-    tracker = LoadTracker(tg, group_device, k)
-    best = group_device.copy()
-    loads = tracker(best)
-    used = np.bincount(best, weights=group_memory, minlength=k)
-    near = _send_neighbours(tg, tracker)
-    for _ in range(max_rounds):
-        move = _best_load_move(tracker, best, loads, used, near, group_memory, memory_cap,
-                               deadline)
-        if move is None:
-            break
-        for g, d in move:
-            used[best[g]] -= group_memory[g]
-            used[d] += group_memory[g]
-            best[g] = d
-        loads = tracker(best)
-    return best, float(device_loads(tg, best, k).max())
-
-
-def _send_neighbours(tg: TaskGraph, tracker: LoadTracker) -> list[np.ndarray]:
-    """Per group: the groups whose moves change a send its move changes too (a task's
-    send depends on its own device and its successors')."""
-    reach: list[set[int]] = [set() for _ in range(tg.num_tasks)]
-    groups = tg.group.tolist()
-    for s, d in zip(tg.edge_src.tolist(), tg.edge_dst.tolist()):
-        reach[s].add(groups[d])
-    for t, g in enumerate(groups):
-        reach[t].add(g)
-    return [np.array(sorted(set().union(*(reach[s] for s in senders.tolist()))),
-                     dtype=np.int64) for senders in tracker.senders]
-
-
-def _best_load_move(tracker: LoadTracker, current: np.ndarray, loads: np.ndarray,
-                    used: np.ndarray, near: list[np.ndarray], group_memory: np.ndarray,
-                    memory_cap: float, deadline: float) -> list[tuple[int, int]] | None:
-    """`_best_move` on the tracker: the best improving single move, else the best
-    improving swap, as [(group, new device), ...]; None when neither improves or
-    `deadline` passes first."""
-    k = len(loads)
-    worst = int(np.argmax(loads))
-    value = float(loads.max())
-    spread = float(np.square(loads).sum())
-    tolerance = 1e-12 * max(1.0, abs(value))
-    mine = np.flatnonzero(current == worst)
-    # change[i, d]: what moving mine[i] to d adds to the loads (zero for d = worst).
-    change = np.zeros((len(mine), k, k))
-    for i, g in enumerate(mine.tolist()):
-        if time.perf_counter() > deadline:
-            return None
-        for d in range(k):
-            if d != worst:
-                change[i, d] = tracker.peek([(g, d)]) - loads
-
-    def pick(new_loads: np.ndarray, allowed: np.ndarray) -> np.ndarray | None:
-        # The first (in `_best_move`'s order) least (value, spread) among improving
-        # ones; keys equal but for rounding (a move's loads summed from changes here,
-        # simulated there) count as equal, so ties fall to the same move.
-        v = new_loads.max(axis=-1)
-        sq = np.square(new_loads).sum(axis=-1)
-        better = allowed & ((v < value - tolerance)
-                            | ((v <= value + tolerance) & (sq < spread * (1 - 1e-9))))
-        if not better.any():
-            return None
-        least = better & (v <= v[better].min() + tolerance)
-        least &= sq <= sq[least].min() * (1 + 1e-12)
-        return np.array(np.unravel_index(int(np.argmax(least.ravel())), least.shape))
-
-    fits = used[None, :] + group_memory[mine][:, None] <= memory_cap
-    fits[:, worst] = False
-    single = pick(loads + change, fits)
-    if single is not None:
-        return [(int(mine[single[0]]), int(single[1]))]
-    others = np.flatnonzero(current != worst)
-    if not len(mine) or not len(others):
-        return None
-    theirs = np.empty((len(others), k))
-    for j, h in enumerate(others.tolist()):
-        if time.perf_counter() > deadline:
-            return None
-        theirs[j] = tracker.peek([(h, worst)]) - loads
-    to = current[others]
-    # A swap's loads: its two moves' changes added, then the pairs that share a send
-    # (whose changes do not add) simulated on the tracker.
-    swapped = loads + change[:, to, :] + theirs[None, :, :]
-    slot = np.full(len(current), -1, dtype=np.int64)
-    slot[others] = np.arange(len(others))
-    for i, g in enumerate(mine.tolist()):
-        for h in near[g][slot[near[g]] >= 0].tolist():
-            swapped[i, slot[h]] = tracker.peek([(g, int(current[h])), (h, worst)])
-    allowed = ((used[to][None, :] - group_memory[others][None, :]
-                + group_memory[mine][:, None] <= memory_cap)
-               & (used[worst] - group_memory[mine][:, None]
-                  + group_memory[others][None, :] <= memory_cap))
-    pair = pick(swapped, allowed)
-    if pair is None:
-        return None
-    g, h = int(mine[pair[0]]), int(others[pair[1]])
-    return [(g, int(current[h])), (h, worst)]
 
 
 def chain_search(group_device: np.ndarray, score: ChainScore, *, num_devices: int,

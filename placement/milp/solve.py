@@ -19,7 +19,7 @@ from placement.milp import makespan as mk
 from placement.milp import max_load as ml
 from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_backend
 from placement.path_bound import heavy_group_bound, path_cut_bound
-from placement.pool_moves import boundary_swaps, pool_moves
+from placement.pool_moves import boundary_swaps, max_load_search, pool_moves
 from placement.segment_bound import segment_bound
 from placement.sequence_dp import relaxed_bound, sequence_dp
 from placement.sequences import joined_sequences
@@ -34,7 +34,6 @@ from placement.milp.incumbent import (
 )
 from placement.plan import Plan
 from placement.problem import Problem, best_heuristic, finish_plan
-from placement.refine import max_load_search
 from placement.simulate import device_loads
 
 #: Above this many groups the max-load MILP first runs on chain-merged clusters.

@@ -1,20 +1,23 @@
 """Pool moves and boundary swaps never make a plan worse, report the simulator's value
 of what they return, keep each unit whole, and reach plans single-group local search
-does not; boundary swaps keep a binding memory cap and reach plans pool moves do not."""
+does not; boundary swaps keep a binding memory cap and reach plans pool moves do not;
+the max-load search reaches local search's plans."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement.pool_moves import boundary_swaps, pool_moves
+from placement.pool_moves import boundary_swaps, max_load_search, pool_moves
 from placement.refine import local_search
 from placement.sequence_dp import _Model
 from placement.simulate import device_loads, max_load
 from tests.placement.test_sequence_dp import _case
+from tests.placement.test_simulate import random_dags, random_placement, tasks
 
 
 @settings(max_examples=30, deadline=None)
@@ -98,3 +101,25 @@ def test_a_boundary_swap_where_pool_moves_cannot():
     _, swapped = boundary_swaps(p.tg, k, units, group_device, p.group_memory, math.inf,
                                 math.inf)
     assert (value, pooled, swapped, optimum) == (47.0, 47.0, 40.0, 40.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(), st.integers(2, 4), st.integers(1, 2), st.booleans(), st.randoms())
+def test_max_load_search_makes_local_searchs_moves(graph, k, micro, capped, rnd):
+    """The same neighbourhood and choice as `local_search` with the max-load score, so
+    the same plan up to the devices' names (random float times: the only ties are
+    between devices alike, which rounding may break either way)."""
+    tg = tasks(graph, k=micro)
+    memory = np.array([rnd.uniform(0.5, 2.0) for _ in range(tg.num_groups)])
+    gd = random_placement(tg, k, rnd)
+    cap = float(np.bincount(gd, weights=memory, minlength=k).max()) if capped else np.inf
+    expected, value = local_search(gd, lambda g: (max_load(tg, g, k), device_loads(tg, g, k)),
+                                   num_devices=k, group_memory=memory, memory_cap=cap,
+                                   deadline=np.inf)
+    found, found_value = max_load_search(tg, gd, num_devices=k, group_memory=memory,
+                                         memory_cap=cap, deadline=np.inf)
+    assert np.sort(device_loads(tg, found, k)).tolist() == pytest.approx(
+        np.sort(device_loads(tg, expected, k)).tolist())
+    assert found_value == pytest.approx(value)
+    assert found_value == max_load(tg, found, k)
+    assert np.bincount(found, weights=memory, minlength=k).max() <= cap

@@ -3,7 +3,6 @@
 import time
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,9 +10,8 @@ from placement.coarsen import chain_branches
 from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import heft
 from placement.refine import (chain_search, chain_sweep, justified, kicked_search,
-                              local_search, max_load_search, order_search, schedule_search)
-from placement.simulate import (critical_chain, device_loads, evaluate_order, list_schedule,
-                                max_load)
+                              local_search, order_search, schedule_search)
+from placement.simulate import critical_chain, evaluate_order, list_schedule
 from tests.placement.helpers import dag
 from tests.placement.milp_cases import (fits_memory, problem, search_step_time,
                                         topological_orders, training_dag)
@@ -309,25 +307,3 @@ def test_schedule_search_finds_the_optimum_where_placement_then_order_search_doe
         if ordered.step_time_s > optimum:
             missed_before.append(seed)
     assert len(missed_by_schedule) <= 1 < len(missed_before)
-
-
-@settings(max_examples=60, deadline=None)
-@given(random_dags(), st.integers(2, 4), st.integers(1, 2), st.booleans(), st.randoms())
-def test_max_load_search_makes_local_searchs_moves(graph, k, micro, capped, rnd):
-    """The same neighbourhood and choice as `local_search` with the max-load score, so
-    the same plan up to the devices' names (random float times: the only ties are
-    between devices alike, which rounding may break either way)."""
-    tg = tasks(graph, k=micro)
-    memory = np.array([rnd.uniform(0.5, 2.0) for _ in range(tg.num_groups)])
-    gd = random_placement(tg, k, rnd)
-    cap = float(np.bincount(gd, weights=memory, minlength=k).max()) if capped else np.inf
-    expected, value = local_search(gd, lambda g: (max_load(tg, g, k), device_loads(tg, g, k)),
-                                   num_devices=k, group_memory=memory, memory_cap=cap,
-                                   deadline=np.inf)
-    found, found_value = max_load_search(tg, gd, num_devices=k, group_memory=memory,
-                                         memory_cap=cap, deadline=np.inf)
-    assert np.sort(device_loads(tg, found, k)).tolist() == pytest.approx(
-        np.sort(device_loads(tg, expected, k)).tolist())
-    assert found_value == pytest.approx(value)
-    assert found_value == max_load(tg, found, k)
-    assert np.bincount(found, weights=memory, minlength=k).max() <= cap

@@ -11,7 +11,6 @@ from placement.graph import Edge, Op, OpGraph
 from placement.io import load_graph, load_peer_split
 from placement import simulate
 from placement.simulate import (
-    LoadTracker,
     OrderError,
     device_loads,
     dispatch_schedule,
@@ -331,21 +330,3 @@ def test_shared_host_schedules_are_feasible_and_between_the_plain_and_stretched_
                                                    edge_transfer_s=slowdown * tg.edge_transfer_s),
                                gd, order)
     assert plain.step_time_s - 1e-9 <= shared.step_time_s <= stretched.step_time_s + 1e-9
-
-
-@settings(max_examples=60, deadline=None)
-@given(random_dags(), st.integers(1, 3), st.integers(1, 2), st.randoms())
-def test_the_load_tracker_follows_any_sequence_of_moves(graph, k, micro, rnd):
-    tg = tasks(graph, k=micro)
-    gd = random_placement(tg, k, rnd)
-    tracker = LoadTracker(tg, gd, k)
-    for _ in range(12):
-        moved = gd.copy()
-        for g in rnd.sample(range(tg.num_groups), rnd.randint(1, tg.num_groups)):
-            moved[g] = rnd.randrange(k)
-        peeked = tracker.peek([(g, int(moved[g])) for g in range(tg.num_groups)])
-        assert peeked.tolist() == pytest.approx(brute_device_loads(tg, moved, k))
-        assert tracker.group_device.tolist() == gd.tolist()
-        if rnd.random() < 0.7:
-            gd = moved
-        assert tracker(gd).tolist() == pytest.approx(brute_device_loads(tg, gd, k))
