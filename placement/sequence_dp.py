@@ -410,16 +410,18 @@ class _Model:
             if cut[q] < cut[q + 1]:
                 least[:, q] = charge[:, cut[q]:cut[q + 1]].min(axis=1)
         least = least[rows]
-        # paid[:, g]: what the first q open senders add on device g, for q = 0, 1, ...
-        paid = np.zeros((len(masks), self.k))
+        # paid[g]: what the first q open senders add on device g, for q = 0, 1, ...
+        # (device-major: the least over devices then reads k contiguous rows, where
+        # a reduction over a state's k loads took a fifth of a relaxed test's time).
+        paid = np.zeros((self.k, len(masks)))
         with_open = least[:, 0].copy()
-        bits = 1 << np.arange(self.k)
         for q, col in enumerate(order.tolist()):
             m = masks[:, col]
             single = (m & (m - 1)) == 0
-            off = (m[:, None] & bits[None, :]) == 0
-            paid += float(self.cost[open_ids[col]]) * off * (1.0 + single)[:, None]
-            with_open = np.minimum(with_open, least[:, q + 1] + paid.min(axis=1))
+            added = float(self.cost[open_ids[col]]) * (1.0 + single)
+            for g in range(self.k):
+                paid[g] += np.where((m >> g) & 1, 0.0, added)
+            np.minimum(with_open, least[:, q + 1] + paid.min(axis=0), out=with_open)
         return least.min(axis=1), with_open
 
     def _with_releases(self, i, masks, col, loads, new_masks, debt, parent, device):
@@ -460,14 +462,20 @@ class _Model:
         cost = self.cost[open_ids]
         later = np.array([sum(self.work[x] for x in self.members[j] if x > i)
                           for j in open_ids])
-        forced = (2 * cost[None, :] > slack[:, None]) & ((masks & (masks - 1)) == 0)
+        # need[d]: the most work a sender forced onto d still has to place there. Built
+        # a sender at a time over contiguous rows: a reduction over each state's few
+        # open senders took over a tenth of a relaxed test's time.
+        need = np.zeros((self.k, len(loads)))
+        for q, m in enumerate(np.ascontiguousarray(masks.T)):
+            forced = 2 * cost[q] > slack
+            for d in range(self.k):
+                np.maximum(need[d], np.where(forced & (m == 1 << d), later[q], 0.0),
+                           out=need[d])
         components = _open_components(tied, open_ids, i)
         for d in range(self.k):
-            mine = forced & (masks == 1 << d)
-            need = np.where(mine, later[None, :], 0.0).max(axis=1)
             held = sum((np.where(masks[:, q] == 1 << d, work, 0.0)
                         for q, work in components), np.zeros(len(loads)))
-            fits &= loads[:, d] + np.maximum(need, held) <= lim
+            fits &= loads[:, d] + np.maximum(need[d], held) <= lim
         return fits
 
     def _place(self, loads, masks, col, i, d, new_open):
@@ -570,17 +578,20 @@ def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
     return new_loads, new_masks, perm
 
 
-def _packed(rows: np.ndarray) -> np.ndarray:
-    """Non-negative integer rows as one int64 each where their bits fit (the same
-    rows, the same key), else the rows: numpy's unique over rows sorts them as raw
-    bytes, several times slower than over one column."""
+def _row_classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first row of each distinct row (in sorted order) and each row's class.
+    Non-negative integer rows are packed into one int64 each where their bits fit
+    (the same rows, the same key): numpy's unique over rows took several times as long
+    as over one column, and over one column as long again as over a flat array."""
     bits = [int(v).bit_length() for v in rows.max(axis=0, initial=0).tolist()]
-    if not len(rows) or sum(bits) > 62:
-        return rows
-    key = np.zeros(len(rows), dtype=np.int64)
-    for q, b in enumerate(bits):
-        key = (key << b) | rows[:, q]
-    return key[:, None]
+    if len(rows) and sum(bits) <= 62:
+        key = np.zeros(len(rows), dtype=np.int64)
+        for q, b in enumerate(bits):
+            key = (key << b) | rows[:, q]
+        _, first, cls = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        _, first, cls = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    return first, cls.ravel()
 
 
 def _merge_close(loads: np.ndarray, masks: np.ndarray, width: float):
@@ -592,10 +603,9 @@ def _merge_close(loads: np.ndarray, masks: np.ndarray, width: float):
     kept may stand for none. Returns the kept states' indices (the first of each
     cell) and their loads."""
     key = np.concatenate([masks, np.floor(loads / width).astype(np.int64)], axis=1)
-    _, first, cell = np.unique(_packed(key), axis=0, return_index=True,
-                               return_inverse=True)
+    first, cell = _row_classes(key)
     least = np.full((len(first), loads.shape[1]), np.inf)
-    np.minimum.at(least, cell.ravel(), loads)
+    np.minimum.at(least, cell, loads)
     return first, least
 
 
@@ -608,8 +618,7 @@ def _undominated(loads: np.ndarray, masks: np.ndarray) -> np.ndarray:
     yet probed are kept (keeping a dominated state only costs time). Dominance is
     transitive, so a state dropped always has a kept dominator."""
     if masks.shape[1]:
-        _, group = np.unique(_packed(masks), axis=0, return_inverse=True)
-        group = group.ravel()
+        _, group = _row_classes(masks)
     else:
         group = np.zeros(len(loads), dtype=np.int64)
     order = np.lexsort((loads.sum(axis=1), group))
@@ -643,12 +652,13 @@ def _dominance_round(loads, group, open_, alive, probed) -> None:
     for a in range(0, len(open_), CHUNK):
         part = slice(a, a + CHUNK)
         rows, cand_pos, pos = gid[part], table_pos[gid[part]], open_[part, None]
-        le = np.ones(cand_pos.shape, dtype=bool)
-        lt = np.zeros(cand_pos.shape, dtype=bool)
+        # A state is dropped for a probe at most its loads in every column that comes
+        # before it: the order is by total load, so a probe less in one column and
+        # at most in the others comes first (a total can tie only by rounding, which
+        # keeps both), and of exact duplicates the first is kept; a state never drops
+        # itself. An empty slot (inf) is never at most a load.
+        le = cand_pos < pos
         for e, table in enumerate(tables):
-            cand, mine = table[rows], loads[open_[part], e][:, None]
-            le &= cand <= mine
-            lt |= cand < mine
-        # An empty slot (inf) is never at most a load, and a state is not below itself.
-        dominated = (le & (lt | (cand_pos < pos))).any(axis=1)
+            le &= table[rows] <= loads[open_[part], e][:, None]
+        dominated = le.any(axis=1)
         alive[open_[part][dominated]] = False

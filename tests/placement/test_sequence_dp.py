@@ -23,6 +23,7 @@ from placement.sequence_dp import (
     TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
+    _undominated,
     relaxed_bound,
     sequence_dp,
 )
@@ -243,3 +244,23 @@ def test_the_optimum_check_catches_an_over_strong_read_ahead(monkeypatch, varian
     model = _Model(p.tg, units, p.num_devices)
     found, _, _ = model.placement_within(_model_optimum(model), math.inf, 10**6)
     assert found is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 60))
+def test_the_dominance_prune_keeps_exactly_the_undominated_states(seed, num_states):
+    """Small integer loads (so ties and exact duplicates are common) in a few sender
+    sets; fewer states a set than one round's probes, so every state is probed and the
+    kept states are exactly those no state of their set dominates (each column at most,
+    one less), of exact duplicates the first."""
+    rng = np.random.default_rng(seed)
+    loads = rng.integers(0, 3, size=(num_states, 3)).astype(float)
+    loads = np.concatenate([loads, loads.sum(axis=1, keepdims=True)
+                            + rng.integers(0, 2, size=(num_states, 1))], axis=1)
+    masks = rng.integers(1, 3, size=(num_states, 1)).astype(np.int64)
+    expected = [
+        s for s in range(num_states)
+        if not any((masks[t] == masks[s]).all() and (loads[t] <= loads[s]).all()
+                   and ((loads[t] < loads[s]).any() or t < s)
+                   for t in range(num_states) if t != s)]
+    assert _undominated(loads, masks).tolist() == expected
