@@ -25,6 +25,7 @@ model's own, which no solver or library offers.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -415,12 +416,9 @@ class _Model:
         # a reduction over a state's k loads took a fifth of a relaxed test's time).
         paid = np.zeros((self.k, len(masks)))
         with_open = least[:, 0].copy()
+        adds = _open_sender_adds(self.k)
         for q, col in enumerate(order.tolist()):
-            m = masks[:, col]
-            single = (m & (m - 1)) == 0
-            added = float(self.cost[open_ids[col]]) * (1.0 + single)
-            for g in range(self.k):
-                paid[g] += np.where((m >> g) & 1, 0.0, added)
+            paid += float(self.cost[open_ids[col]]) * adds[:, masks[:, col]]
             np.minimum(with_open, least[:, q + 1] + paid.min(axis=0), out=with_open)
         return least.min(axis=1), with_open
 
@@ -512,6 +510,18 @@ class _Model:
         return unit_device
 
 
+@functools.lru_cache(maxsize=None)
+def _open_sender_adds(k: int) -> np.ndarray:
+    """[g, set]: what `_ahead` counts for an open sender of cost 1 whose placed members
+    sit on the devices of `set` when a later member joins device g: nothing where g is
+    in the set; else 1, and 1 more where the set is one device (the sender is cut
+    only now, so that device pays too)."""
+    sets = np.arange(1 << k)
+    single = (sets & (sets - 1)) == 0
+    off = ((sets[None, :] >> np.arange(k)[:, None]) & 1) == 0
+    return off * (1.0 + single)[None, :]
+
+
 def _release_table(pools: list[tuple[int | None, Pool]]) -> tuple[np.ndarray, ...]:
     """(work, charge on the home's device, charge in all)[pattern, t]: the releases
     of pools homed on one unit, per pattern (bit q: pool q's anchors share the home's
@@ -580,18 +590,28 @@ def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
 
 def _row_classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The first row of each distinct row (in sorted order) and each row's class.
-    Non-negative integer rows are packed into one int64 each where their bits fit
-    (the same rows, the same key): numpy's unique over rows took several times as long
-    as over one column, and over one column as long again as over a flat array."""
-    bits = [int(v).bit_length() for v in rows.max(axis=0, initial=0).tolist()]
-    if len(rows) and sum(bits) <= 62:
-        key = np.zeros(len(rows), dtype=np.int64)
-        for q, b in enumerate(bits):
-            key = (key << b) | rows[:, q]
-        _, first, cls = np.unique(key, return_index=True, return_inverse=True)
-    else:
-        _, first, cls = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-    return first, cls.ravel()
+    Non-negative integer rows are packed into as few int64 words as hold their bits
+    (the same rows, the same words): numpy's unique over rows compares them as raw
+    records, several times slower than a sort of one or a few words."""
+    if not len(rows):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    words, used = [np.zeros(len(rows), dtype=np.int64)], 0
+    for q, v in enumerate(rows.max(axis=0, initial=0).tolist()):
+        b = max(1, int(v).bit_length())
+        if used + b > 62:
+            words.append(np.zeros(len(rows), dtype=np.int64))
+            used = 0
+        words[-1] = (words[-1] << b) | rows[:, q]
+        used += b
+    if len(words) == 1:
+        _, first, cls = np.unique(words[0], return_index=True, return_inverse=True)
+        return first, cls.ravel()
+    order = np.lexsort(words[::-1])  # stable: a class's first row leads its run
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = np.logical_or.reduce([w[order[1:]] != w[order[:-1]] for w in words])
+    cls = np.empty(len(rows), dtype=np.int64)
+    cls[order] = np.cumsum(new) - 1
+    return order[new], cls
 
 
 def _merge_close(loads: np.ndarray, masks: np.ndarray, width: float):

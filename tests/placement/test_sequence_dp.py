@@ -23,6 +23,7 @@ from placement.sequence_dp import (
     TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
+    _row_classes,
     _undominated,
     relaxed_bound,
     sequence_dp,
@@ -264,3 +265,20 @@ def test_the_dominance_prune_keeps_exactly_the_undominated_states(seed, num_stat
                    and ((loads[t] < loads[s]).any() or t < s)
                    for t in range(num_states) if t != s)]
     assert _undominated(loads, masks).tolist() == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 40), st.integers(1, 12),
+       st.sampled_from([2, 5, 1 << 20, 1 << 40]))
+def test_row_classes_are_numpys_unique_rows(seed, num_rows, num_cols, high):
+    """The packed classes (one word, or several where the bits pass one) are numpy's:
+    the same first rows and the same class of each row."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, high, size=(num_rows, num_cols)).astype(np.int64)
+    if num_rows:
+        rows = rows[rng.integers(0, max(1, num_rows // 3), size=num_rows)]
+    first, classes = _row_classes(rows)
+    _, numpy_first, numpy_classes = np.unique(rows, axis=0, return_index=True,
+                                              return_inverse=True)
+    assert first.tolist() == numpy_first.tolist()
+    assert classes.tolist() == numpy_classes.ravel().tolist()
