@@ -672,11 +672,11 @@ def _dominance_round(loads, group, open_, alive, probed) -> None:
     for a in range(0, len(open_), CHUNK):
         part = slice(a, a + CHUNK)
         rows, cand_pos, pos = gid[part], table_pos[gid[part]], open_[part, None]
-        # A state is dropped for a probe at most its loads in every column that comes
-        # before it: the order is by total load, so a probe less in one column and
+        # A state is dropped when a probe that comes before it is at most its loads in
+        # every column. The order is by total load, so a probe less in one column and
         # at most in the others comes first (a total can tie only by rounding, which
-        # keeps both), and of exact duplicates the first is kept; a state never drops
-        # itself. An empty slot (inf) is never at most a load.
+        # keeps both); of exact duplicates the first is kept; no state drops itself.
+        # An empty slot (inf) is never at most a load.
         le = cand_pos < pos
         for e, table in enumerate(tables):
             le &= table[rows] <= loads[open_[part], e][:, None]
