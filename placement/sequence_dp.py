@@ -519,7 +519,9 @@ def _open_sender_adds(k: int) -> np.ndarray:
     sets = np.arange(1 << k)
     single = (sets & (sets - 1)) == 0
     off = ((sets[None, :] >> np.arange(k)[:, None]) & 1) == 0
-    return off * (1.0 + single)[None, :]
+    adds = off * (1.0 + single)[None, :]
+    adds.flags.writeable = False  # shared by every call for k
+    return adds
 
 
 def _release_table(pools: list[tuple[int | None, Pool]]) -> tuple[np.ndarray, ...]:
@@ -591,8 +593,8 @@ def _canonical(loads: np.ndarray, masks: np.ndarray, k: int, lim: float):
 def _row_classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The first row of each distinct row (in sorted order) and each row's class.
     Non-negative integer rows are packed into as few int64 words as hold their bits
-    (the same rows, the same words): numpy's unique over rows compares them as raw
-    records, several times slower than a sort of one or a few words."""
+    (the same rows, the same words) and sorted by those: numpy's unique over rows
+    compares them as raw records, several times slower."""
     if not len(rows):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     words, used = [np.zeros(len(rows), dtype=np.int64)], 0
@@ -603,7 +605,7 @@ def _row_classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             used = 0
         words[-1] = (words[-1] << b) | rows[:, q]
         used += b
-    if len(words) == 1:
+    if len(words) == 1:  # numpy's flat unique: the lexsort below is slower on one word
         _, first, cls = np.unique(words[0], return_index=True, return_inverse=True)
         return first, cls.ravel()
     order = np.lexsort(words[::-1])  # stable: a class's first row leads its run

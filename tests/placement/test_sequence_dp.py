@@ -20,6 +20,8 @@ from placement.segment_bound import segment_bound
 from placement.sequence_dp import (
     BOUND_RESOLUTION,
     CHARGE_GAP,
+    DOMINANCE_PROBES,
+    DOMINANCE_ROUNDS,
     TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
@@ -250,10 +252,12 @@ def test_the_optimum_check_catches_an_over_strong_read_ahead(monkeypatch, varian
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6), st.integers(1, 60))
 def test_the_dominance_prune_keeps_exactly_the_undominated_states(seed, num_states):
-    """Small integer loads (so ties and exact duplicates are common) in a few sender
-    sets; fewer states a set than one round's probes, so every state is probed and the
-    kept states are exactly those no state of their set dominates (each column at most,
-    one less), of exact duplicates the first."""
+    """Small integer loads (so ties and exact duplicates are common) in two sender
+    sets; at most 60 states, fewer than the rounds' probes in all (DOMINANCE_ROUNDS x
+    DOMINANCE_PROBES), so every state is probed or dropped and the kept states are
+    exactly those no state of their set dominates (each column at most, one less), of
+    exact duplicates the first."""
+    assert num_states < DOMINANCE_ROUNDS * DOMINANCE_PROBES
     rng = np.random.default_rng(seed)
     loads = rng.integers(0, 3, size=(num_states, 3)).astype(float)
     loads = np.concatenate([loads, loads.sum(axis=1, keepdims=True)
