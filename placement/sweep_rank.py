@@ -242,13 +242,16 @@ class Ranked:
 
 
 def ranked(c: Candidate, correction: Correction) -> Ranked:
-    """Time to accuracy is steps x step time: the corrected step scales it (by the
-    steps' ratio, so that an uncorrected candidate keeps its time exactly and ties
-    still break by key)."""
+    """Time to accuracy is steps x step time: the corrected step scales it, by the base
+    step's ratio to the uncorrected one and then the correction's ratio, so that a
+    candidate ranked from its uncorrected step keeps its time times exactly its ratio
+    (two that tie before a correction common to both still tie, and break by key; the
+    ratio of the corrected step to the uncorrected one rounds differently per step)."""
     base = correction.base_s(c.mp_degree, c.predicted_step_s, c.config.worker_batch)
-    step = base * correction.ratio(c.mp_degree)
+    ratio = correction.ratio(c.mp_degree)
+    step = base * ratio
     return Ranked(predicted_step_s=step,
-                  predicted_time_s=c.predicted_time_s * (step / c.predicted_step_s),
+                  predicted_time_s=c.predicted_time_s * (base / c.predicted_step_s) * ratio,
                   overhead_s=step - c.predicted_step_s, base_step_s=base,
                   correction=correction)
 

@@ -3,7 +3,7 @@
 import statistics
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from placement.scaling.crossover import HybridConfig
@@ -104,6 +104,10 @@ def reference_order(cands, measured_s):
                           st.floats(1.0, 100.0), st.floats(0.005, 0.05),
                           st.floats(0.001, 0.08)),
                 min_size=1, max_size=8, unique_by=lambda t: (t[0], t[1])))
+# Two unmeasured mp_degrees tied at 1.0 s under one shared ratio: the tie must survive the
+# correction (x 0.05 / 0.05 and x 0.03125 / 0.03125 once rounded apart) and break by key.
+@example(spec=[(1, 16, 2.0, 0.03125, 0.0625), (1, 32, 1.0, 0.0234375, 0.0625),
+               (2, 16, 1.0, 0.05, 0.0625), (4, 16, 1.0, 0.03125, 0.0625)])
 def test_the_searchers_order_is_the_brute_force_corrected_order(spec):
     cands = [cand(mp, b, time_s, step_s) for mp, b, time_s, step_s, _ in spec]
     truth = {f"mp{mp}-b{b}": measured for mp, b, _, _, measured in spec}
