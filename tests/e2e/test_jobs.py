@@ -272,8 +272,6 @@ def test_other_models_jobs(ray_head, tmp_path, job, model):
     assert check_results(storage, num_trials=1)["model"] == model
 
 
-
-
 def test_a_model_of_your_own_through_the_sweep_job(ray_head, tmp_path):
     """jobs/train.py --model MODULE:FUNCTION under `ray job submit --working-dir .`: the
     user's module is imported from the working directory on the driver and the workers,
