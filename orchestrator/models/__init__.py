@@ -162,17 +162,26 @@ def with_loss(model: nn.Module, loss_fn: Callable, num_tensors: int) -> WithLoss
 def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
     fn = _builder(ref)
     torch.manual_seed(seed)
+
+    def call():
+        return fn(preset=preset) if "preset" in inspect.signature(fn).parameters else fn()
+
     try:
         with torch.device(device or "cpu"):
-            built = fn(preset=preset) if "preset" in inspect.signature(fn).parameters else fn()
+            built = call()
     except (NotImplementedError, RuntimeError) as err:
-        if str(device) != "meta" and torch._guards.detect_fake_mode() is None:
+        in_fake_mode = torch._guards.detect_fake_mode() is not None
+        if str(device) != "meta" and not in_fake_mode:
             raise
-        # Meta tensors have shapes and no values: a builder that reads or makes data
-        # (a dataset, weights from a file) cannot run there, and that is no bug of its.
-        raise UserError(f"{ref} cannot be built on the meta device ({type(err).__name__}: "
-                        f"{str(err).strip().splitlines()[0][:160]}): profile it where its "
-                        "tensors hold values, --device cpu (or cuda)") from err
+        built = _built_on_meta(call, device or "cpu") if in_fake_mode else None
+        if built is None:
+            # Meta tensors have shapes and no values: a builder that reads or makes
+            # data (a dataset, weights from a file) cannot run there, and that is no
+            # bug of its.
+            raise UserError(f"{ref} cannot be built on the meta device "
+                            f"({type(err).__name__}: "
+                            f"{str(err).strip().splitlines()[0][:160]}): profile it where "
+                            "its tensors hold values, --device cpu (or cuda)") from err
     if isinstance(built, ModelSpec):
         if built.name in _MODELS:
             raise UserError(f"{ref} returned a ModelSpec named {built.name!r}, the name of a "
@@ -193,6 +202,40 @@ def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
             return tuple(t.to(device) for t in user_batch(batch))
 
     return ModelSpec(name=ref, preset=preset, module=module, make_batch=batch_fn, batch=None)
+
+
+def _built_on_meta(call: Callable, device: str | torch.device):
+    """`call()` run on the meta device outside the active FakeTensorMode, its module's
+    tensors then made that mode's (empty, of the same shapes, on `device`). An operator
+    capture builds in a FakeTensorMode (`profile.api._tensors_for`), where torch also
+    runs the builder's weight init on the fake tensors; an init that branches on values
+    cannot run there (torch 2.13's `trunc_normal_` is a rejection loop: ViT, DeiT and
+    Swin in transformers initialise with it). On the meta device torch skips the values
+    and transformers skips init altogether. Hand-written: `Module.to_empty` makes a new
+    tensor per module that holds one, so a tied weight would come out as two (and with
+    swap_module_params_on_conversion it cannot swap a meta parameter for a fake one)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:
+        with unset_fake_temporarily(), torch.device("meta"):
+            built = call()
+    except (NotImplementedError, RuntimeError):
+        return None
+    module = built.module if isinstance(built, ModelSpec) else (
+        built[0] if isinstance(built, tuple) and built else None)
+    if isinstance(module, nn.Module):
+        made: dict[int, torch.Tensor] = {}
+        for sub in module.modules():
+            for table in (sub._parameters, sub._buffers):
+                for name, tensor in table.items():
+                    if tensor is not None and tensor.is_meta:
+                        if id(tensor) not in made:
+                            empty = torch.empty_like(tensor, device=device)
+                            made[id(tensor)] = (
+                                nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                                if isinstance(tensor, nn.Parameter) else empty)
+                        table[name] = made[id(tensor)]
+    return built
 
 
 def _builder(ref: str) -> Callable:

@@ -14,6 +14,8 @@ from orchestrator.models import ModelSpec
 VOCAB = 96
 SEQ = 16
 BATCH = 8
+IMAGE = 16
+CLASSES = 10
 
 
 def make_batch(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
@@ -54,3 +56,22 @@ def bert(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                         pad_token_id=0)
     return _spec("bert", preset, BertForMaskedLM(config))
+
+
+def vit(preset: str = "tiny") -> ModelSpec:
+    """ViT, whose position embeddings are drawn by `trunc_normal_`."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=IMAGE, patch_size=4, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=64, num_labels=CLASSES,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+    def make_images(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        images = torch.randn(batch, 3, IMAGE, IMAGE, generator=generator)
+        labels = torch.randint(0, CLASSES, (batch,), generator=generator)
+        return images.to(device), labels.to(device)
+
+    return ModelSpec(name="vit", preset=preset,
+                     module=WithLabels(ViTForImageClassification(config), "pixel_values"),
+                     make_batch=make_images, batch=BATCH)

@@ -4,12 +4,14 @@ weights; each through profile -> plan -> the executor, against one device."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import operator
 
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from orchestrator.models import ModelSpec, build
 from orchestrator.profile import partition, profile_model
@@ -158,6 +160,33 @@ def tied(preset: str = "tiny") -> ModelSpec:
 
     return ModelSpec(name="tied", preset=preset, module=TiedLM(), make_batch=make_batch,
                      batch=BATCH)
+
+
+class TruncatedTiedLM(TiedLM):
+    """TiedLM with its tied weight drawn by `trunc_normal_`, as ViT's position
+    embeddings are: in torch 2.13 a loop that redraws until no value lies out of range."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn.init.trunc_normal_(self.embed.weight, std=0.02)
+
+
+def truncated_tied(preset: str = "tiny") -> ModelSpec:
+    return dataclasses.replace(tied(preset), name="truncated_tied", module=TruncatedTiedLM())
+
+
+@pytest.mark.parametrize("model", [f"{HF}:vit", "tests.orchestrator.test_capture:truncated_tied"])
+def test_a_model_whose_init_reads_values_is_captured_without_memory(model):
+    """An operator capture without memory builds the model among fake tensors, where an
+    init that loops on values cannot run (it raised the meta device's error): it is
+    built on the meta device, and gives the ops a CPU build gives, a tied weight still
+    one parameter, and no weight allocated."""
+    fake_part, fake_spec = partition(model, granularity="aten", device="meta")
+    part, spec = partition(model, granularity="aten")
+    assert [op.name for op in fake_part.ops] == [op.name for op in part.ops]
+    fake_params = list(fake_spec.module.parameters())
+    assert len(fake_params) == len(list(spec.module.parameters()))
+    assert all(is_fake(p) and p.device.type == "cpu" for p in fake_params)
 
 
 @pytest.mark.parametrize("model", ["tests.orchestrator.test_capture:tied", f"{HF}:gpt2"])
