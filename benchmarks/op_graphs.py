@@ -9,8 +9,15 @@ masked-LM loss on 15% of the tokens, dropout 0.1 as published) and ResNet-50
 classification loss), batch 8; and T5 (`T5ForConditionalGeneration`, T5-small's sizes:
 6 encoder and 6 decoder layers, d_model 512, 8 heads of 64, d_ff 2048, vocabulary
 32,128, its embedding shared by the encoder, the decoder and the LM head; dropout rate
-0, sequence 128 in and out, its own cross-entropy loss), batch 64, a model the planner
-was not tuned on. Each is profiled (`orchestrator.profile.profile_model`,
+0, sequence 128 in and out, its own cross-entropy loss), batch 64; GPT-2 small
+(`GPT2LMHeadModel`: 12 layers of width 768, 12 heads, vocabulary 50,257, its embedding
+tied to the LM head, dropout 0.1 as published, sequence 128, its own shifted LM loss),
+batch 8; a Llama of the same depth and width (`LlamaForCausalLM`: 12 layers of width
+768, 12 query heads sharing 4 key-value heads, SwiGLU of 2,048, rotary positions, RMS
+norms, vocabulary 32,000, untied LM head, sequence 128), batch 8; and ViT-Base/16
+(`ViTForImageClassification`: 224x224 images in 196 patches, 12 layers of width 768,
+1,000 classes, its own classification loss), batch 8. T5, GPT-2, Llama and ViT are
+models the planner was not tuned on. Each is profiled (`orchestrator.profile.profile_model`,
 `paper` preset, `--device meta`: no weight is allocated (at operator granularity the
 model is captured on fake CPU tensors, so the graph is the one a worker captures), and
 shapes, FLOPs and bytes are exact, times projected by the roofline for cpu, v100, a100
@@ -45,6 +52,7 @@ IMAGE = 224
 CLASSES = 1000
 T5_VOCAB = 32128
 T5_BATCH = 64
+LLAMA_VOCAB = 32000
 #: Share of the tokens a masked-LM step predicts (Devlin et al. 2019).
 MASKED = 0.15
 
@@ -93,16 +101,16 @@ def resnet50(preset: str = "paper") -> ModelSpec:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(layer_type="bottleneck", depths=[3, 4, 6, 3], num_labels=CLASSES)
-
-    def make_batch(batch: int, *, device="cpu", seed: int = 0):
-        generator = torch.Generator().manual_seed(seed)
-        images = torch.randn(batch, 3, IMAGE, IMAGE, generator=generator)
-        return images.to(device), torch.randint(0, CLASSES, (batch,),
-                                                generator=generator).to(device)
-
     return ModelSpec(name="resnet50", preset=preset,
                      module=WithLabels(ResNetForImageClassification(config), "pixel_values"),
-                     make_batch=make_batch, batch=BATCH)
+                     make_batch=_labelled_images, batch=BATCH)
+
+
+def _labelled_images(batch: int, *, device="cpu", seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch, 3, IMAGE, IMAGE, generator=generator)
+    return images.to(device), torch.randint(0, CLASSES, (batch,),
+                                            generator=generator).to(device)
 
 
 def t5(preset: str = "paper") -> ModelSpec:
@@ -129,7 +137,48 @@ def t5(preset: str = "paper") -> ModelSpec:
                      make_batch=make_batch, batch=BATCH if tiny else T5_BATCH)
 
 
-MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50, "t5": t5}
+def gpt2(preset: str = "paper") -> ModelSpec:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_positions=SEQ)
+    return ModelSpec(name="gpt2", preset=preset,
+                     module=WithLabels(GPT2LMHeadModel(config), "input_ids"),
+                     make_batch=_next_tokens(config.vocab_size), batch=BATCH)
+
+
+def llama(preset: str = "paper") -> ModelSpec:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=LLAMA_VOCAB, hidden_size=768, intermediate_size=2048,
+                         num_hidden_layers=12, num_attention_heads=12,
+                         num_key_value_heads=4, max_position_embeddings=SEQ)
+    return ModelSpec(name="llama", preset=preset,
+                     module=WithLabels(LlamaForCausalLM(config), "input_ids"),
+                     make_batch=_next_tokens(LLAMA_VOCAB), batch=BATCH)
+
+
+def _next_tokens(vocab: int):
+    """Token batches whose labels are the inputs: a causal LM shifts them itself, each
+    position predicting the next token."""
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (batch, SEQ), generator=generator)
+        return ids.to(device), ids.to(device)
+
+    return make_batch
+
+
+def vit(preset: str = "paper") -> ModelSpec:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=IMAGE, patch_size=16, num_labels=CLASSES)
+    return ModelSpec(name="vit", preset=preset,
+                     module=WithLabels(ViTForImageClassification(config), "pixel_values"),
+                     make_batch=_labelled_images, batch=BATCH)
+
+
+MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50, "t5": t5,
+          "gpt2": gpt2, "llama": llama, "vit": vit}
 
 
 def training_graph(graph: OpGraph) -> OpGraph:
