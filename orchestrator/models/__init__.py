@@ -224,18 +224,24 @@ def _built_on_meta(call: Callable, device: str | torch.device):
     module = built.module if isinstance(built, ModelSpec) else (
         built[0] if isinstance(built, tuple) and built else None)
     if isinstance(module, nn.Module):
-        made: dict[int, torch.Tensor] = {}
-        for sub in module.modules():
-            for table in (sub._parameters, sub._buffers):
-                for name, tensor in table.items():
-                    if tensor is not None and tensor.is_meta:
-                        if id(tensor) not in made:
-                            empty = torch.empty_like(tensor, device=device)
-                            made[id(tensor)] = (
-                                nn.Parameter(empty, requires_grad=tensor.requires_grad)
-                                if isinstance(tensor, nn.Parameter) else empty)
-                        table[name] = made[id(tensor)]
+        _fake_in_place(module, device)
     return built
+
+
+def _fake_in_place(module: nn.Module, device: str | torch.device) -> None:
+    """Each meta parameter and buffer of `module` replaced by an empty tensor of the
+    active mode on `device`, a tensor that several modules hold by one tensor."""
+    made: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, tensor in table.items():
+                if tensor is None or not tensor.is_meta:
+                    continue
+                if id(tensor) not in made:
+                    empty = torch.empty_like(tensor, device=device)
+                    made[id(tensor)] = (nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                                        if isinstance(tensor, nn.Parameter) else empty)
+                table[name] = made[id(tensor)]
 
 
 def _builder(ref: str) -> Callable:
