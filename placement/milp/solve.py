@@ -21,7 +21,7 @@ from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_back
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.pool_moves import boundary_swaps, max_load_search, pool_moves
 from placement.segment_bound import segment_bound
-from placement.sequence_dp import relaxed_bound, sequence_dp
+from placement.sequence_dp import heavy_end_first, relaxed_bound, sequence_dp
 from placement.sequences import joined_sequences
 from placement.milp.incumbent import (
     HEURISTIC,
@@ -262,12 +262,13 @@ def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
     open, its relaxation's bound (`relaxed_bound`) in a share of the time left."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "sequence DP"
-    found = sequence_dp(tg, units, k, known, incumbent.value, problem.config.gap,
+    walk = heavy_end_first(tg, units, k, incumbent.value)
+    found = sequence_dp(tg, walk, k, known, incumbent.value, problem.config.gap,
                         deadline=time.perf_counter() + SEQUENCE_DP_SHARE * max(
                             0.0, deadline - time.perf_counter()))
     if found.unit_device is not None:
         group_device = np.empty(tg.num_groups, dtype=np.int64)
-        for groups, d in zip(units, found.unit_device.tolist()):
+        for groups, d in zip(walk, found.unit_device.tolist()):
             group_device[groups] = d
         used = np.bincount(group_device, weights=problem.group_memory, minlength=k)
         if used.max() <= problem.memory_cap * (1 + 1e-9):
@@ -279,7 +280,7 @@ def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
     incumbent.stage = "relaxed sequence DP"
     light = LIGHT_SENDER_SHARE * float(tg.duration_s.sum()) / k
     left = max(0.0, deadline - time.perf_counter())
-    return relaxed_bound(tg, units, k, known, incumbent.value, light,
+    return relaxed_bound(tg, walk, k, known, incumbent.value, light,
                          deadline=time.perf_counter() + RELAXED_DP_SHARE * left,
                          line_deadline=time.perf_counter() + RELAXED_LINE_SHARE * left,
                          merge=MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k,

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import group_sequence
 from placement.ideal_dp import join_roots, joined_sequence, side_inputs
 from placement.path_bound import heavy_group_bound, path_cut_bound
@@ -22,11 +23,13 @@ from placement.sequence_dp import (
     CHARGE_GAP,
     DOMINANCE_PROBES,
     DOMINANCE_ROUNDS,
+    HEAVY_UNIT_SHARE,
     TIED_ROOM_SHARES,
     TOP_PROBE_SHARE,
     _Model,
     _row_classes,
     _undominated,
+    heavy_end_first,
     relaxed_bound,
     sequence_dp,
 )
@@ -66,6 +69,72 @@ def test_the_optimum_and_a_bound_never_above_it(seed):
     value = max_load(p.tg, _group_device(p, units, found.unit_device), k)
     assert value == pytest.approx(optimum, rel=1e-9)
     assert found.value == pytest.approx(value, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_walking_the_units_back_gives_the_same_optimum(seed):
+    """`heavy_end_first` may reverse the walk: the DP and its relaxation stay exact."""
+    p, units, optimum = _case(seed)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    back = units[::-1]
+    found = sequence_dp(p.tg, back, k, lower, 2 * optimum, 1e-9)
+    assert found.lower_bound <= optimum * (1 + 1e-9)
+    assert max_load(p.tg, _group_device(p, back, found.unit_device), k) == pytest.approx(
+        optimum, rel=1e-9)
+    assert optimum * (1 - 3 * BOUND_RESOLUTION) <= relaxed_bound(
+        p.tg, back, k, lower, 2 * optimum, 0.0) <= optimum * (1 + 1e-9)
+
+
+def _heavy_last(light: int = 5, heavy: float = 8.0, num_devices: int = 2,
+                dear_first: bool = False):
+    """`light` ops of work 2 in a chain (links of cost 1), then one of work `heavy`;
+    with `dear_first` op 0 also sends it a tensor of cost 20, too dear to cut."""
+    times = [2.0] * light + [heavy]
+    ops = tuple(Op(id=i, name=f"op{i}", forward_s={"any": t}) for i, t in enumerate(times))
+    edges = [Edge(src=i, dst=i + 1, cost_s=1.0) for i in range(light)]
+    if dear_first:
+        edges.append(Edge(src=0, dst=light, cost_s=20.0))
+    p = max_load_problem(OpGraph(ops=ops, edges=tuple(edges), name="heavy last",
+                                 time_unit="unit"), num_devices)
+    return p, [[g] for g in group_sequence(p.tg)]
+
+
+def test_the_walk_starts_at_the_end_nearer_the_heaviest_block():
+    """The heavy op last (8 of 18, a device's share 9) reverses the walk; tied to op 0
+    by a sender no plan within 11 cuts (2 x 20 > 2 x 11 - 18), its block starts the
+    forward walk and the walk stays. Under HEAVY_UNIT_SHARE of a device's share (4
+    after 40 ops of 2 on 4 devices: 5.25) it stays too."""
+    p, units = _heavy_last()
+    assert heavy_end_first(p.tg, units, 2, 11.0) == units[::-1]
+    assert heavy_end_first(p.tg, units[::-1], 2, 11.0) == units[::-1]
+    p, units = _heavy_last(dear_first=True)
+    assert heavy_end_first(p.tg, units, 2, 11.0) == units
+    p, units = _heavy_last(light=40, heavy=4.0, num_devices=4)
+    assert 4.0 < HEAVY_UNIT_SHARE * 84 / 4 < 8.0
+    assert heavy_end_first(p.tg, units, 4, 30.0) == units
+    p, units = _heavy_last(light=40, heavy=8.0, num_devices=4)
+    assert heavy_end_first(p.tg, units, 4, 30.0) == units[::-1]
+
+
+def test_the_plan_found_walking_back_is_offered_in_the_graphs_own_units():
+    """The planner's sequence DP stage walks the heavy-last chain back and offers its
+    plan, the brute-force optimum, mapped back to the groups (all on one device, 18,
+    to start)."""
+    from placement.milp.incumbent import Incumbent
+    from placement.milp.solve import _sequence_dp
+
+    p, units = _heavy_last()
+    start = np.zeros(p.tg.num_groups, dtype=np.int64)
+    incumbent = Incumbent(start, max_load(p.tg, start, 2), "one device")
+    optimum = brute_max_load(p, contiguous=False)
+    assert heavy_end_first(p.tg, units, 2, incumbent.value) == units[::-1]
+    bound = _sequence_dp(p, incumbent, units, max_load_lower_bound(p.tg, 2),
+                         time.perf_counter() + 30)
+    assert incumbent.source == "sequence-dp"
+    assert incumbent.value == pytest.approx(optimum)
+    assert max_load(p.tg, incumbent.group_device, 2) == pytest.approx(optimum)
+    assert bound <= optimum * (1 + 1e-9)
 
 
 def test_strictly_above_the_transfer_bounds():
