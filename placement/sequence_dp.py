@@ -56,6 +56,16 @@ DOMINANCE_PROBES = 24
 DOMINANCE_ROUNDS = 16
 #: States compared at once in the dominance test (bounds its memory).
 CHUNK = 20_000
+#: The relaxation's test at the gap line may hold MAX_STATES states a layer for each
+#: LINE_STATES_SECONDS it may run (so none more within a minute's budget), up to
+#: MAX_LINE_STATES (a layer's children at ten open senders then take about half a
+#: gigabyte): its proof ends the search, and with the cap fixed more time bought
+#: nothing. On the 12-layer Llama (`benchmarks.op_graphs`) that test, at 1.0413 W/4
+#: with cells of 0.02 W/4, needs 262,098 states (153 s); at the fixed cap the planner
+#: proved 1.0361 W/4 in 600 s (gap 2.38%), with this one 1.0412 (1.90%); in 300 s
+#: the cap, 196,000, still stops it.
+LINE_STATES_SECONDS = 60.0
+MAX_LINE_STATES = 1_000_000
 #: Relative slack on the feasibility checks, so rounding never rejects a real plan.
 SLACK = 1e-9
 #: Devices the state's bit sets can hold.
@@ -180,8 +190,9 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     0.005 W/4 and proves in 1 s with 0.02; doubling the cells instead spent 2 s more
     on tests at 0.01 that failed too).
     The first test lies a hair inside CHARGE_GAP under `upper`, with cells of
-    `max_merge`, and may run until `line_deadline` (`deadline` where None): a proof
-    there meets that gap whatever the climb would reach, and ends the climb.
+    `max_merge`, and may run until `line_deadline` (`deadline` where None), its cap
+    growing with that time (LINE_STATES_SECONDS): a proof there meets that gap
+    whatever the climb would reach, and ends the climb.
     On decomposed bert12 the climb spent its time on the tests below it (at 1.0362
     W/4 6 s with cells of 0.005 W/4, failing its pace, then 7 s with 0.02) and the
     test at the line, which proves in 15-25 s, never ran; on decomposed ResNet-50 the
@@ -198,9 +209,12 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     model._first_segment_charges(target)
     lo, hi, step = lower, upper, RELAXED_FIRST_STEP * lower
     if target > lower:
+        line_deadline = deadline if line_deadline is None else line_deadline
+        allowance = max(0.0, line_deadline - time.perf_counter()) / LINE_STATES_SECONDS
+        line_states = max(max_states, int(min(MAX_LINE_STATES, max_states * allowance)))
         found, proven, finished = model.placement_within(
-            target, deadline if line_deadline is None else line_deadline, max_states,
-            proof_only=True, merge=max(merge, max_merge))
+            target, line_deadline, line_states, proof_only=True,
+            merge=max(merge, max_merge))
         if found is None and proven and finished:
             # A test above the line needs tables of its own (5 s on decomposed bert12)
             # for a bound the gap does not need; the time is the plan search's.

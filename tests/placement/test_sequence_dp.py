@@ -240,6 +240,24 @@ def test_the_relaxed_bound_tests_the_gap_line_first(seed):
             <= optimum * (1 + 1e-9)
 
 
+def test_the_line_test_holds_more_states_the_longer_it_may_run():
+    """Seed 0 (7 units, 3 devices) at a cap of one state a layer: the line test given
+    an hour may hold 60 (one per LINE_STATES_SECONDS it may run) and proves the line
+    just under the optimum; given a second it keeps the cap, passes it, and the climb
+    after it, at one state a layer, proves less than the line."""
+    p, units, optimum = _case(0)
+    k, lower = p.num_devices, max_load_lower_bound(p.tg, p.num_devices)
+    under = optimum * (1 - 1e-3) / (1 - CHARGE_GAP)
+    line = (1 - CHARGE_GAP) * under
+    assert lower < line
+    hour = relaxed_bound(p.tg, units, k, lower, under, 0.0, max_states=1,
+                         line_deadline=time.perf_counter() + 3600)
+    assert line < hour < line * (1 + 1e-5)
+    second = relaxed_bound(p.tg, units, k, lower, under, 0.0, max_states=1,
+                           line_deadline=time.perf_counter() + 1)
+    assert lower <= second < line
+
+
 def test_the_relaxation_pools_the_units_it_leaves_and_still_proves_more():
     """Seed 5 (5 units, 3 devices): dropping the senders of at most the median cost
     leaves one unit (work 12) with none, homed on its last walked neighbour
