@@ -58,14 +58,14 @@ DOMINANCE_ROUNDS = 16
 CHUNK = 20_000
 #: The relaxation's test at the gap line may hold MAX_STATES states a layer for each
 #: LINE_STATES_SECONDS it may run (so none more within a minute's budget), up to
-#: MAX_LINE_STATES (a layer's children, on four devices with ten senders open, then
-#: take about half a gigabyte): its proof ends the search, and with the cap fixed
+#: MAX_LINE_CHILDREN / devices: its proof ends the search, and with the cap fixed
 #: more time bought nothing. On the 12-layer Llama (`benchmarks.op_graphs`) that
-#: test, at 1.0413 W/4 with cells of 0.02 W/4, needs 262,098 states (153 s); at the
+#: test, at 1.0413 W/4 with cells of 0.02 W/4, needs 262,098 states (153 s; its peak,
+#: 1,048,392 children, took the process to 1.2 GB, about what the cap allows); at the
 #: fixed cap the planner proved 1.0361 W/4 in 600 s (gap 2.38%), with this one 1.0412
 #: (1.90%); in 300 s the cap, 196,000, still stops it.
 LINE_STATES_SECONDS = 60.0
-MAX_LINE_STATES = 1_000_000
+MAX_LINE_CHILDREN = 1_200_000
 #: Relative slack on the feasibility checks, so rounding never rejects a real plan.
 SLACK = 1e-9
 #: Devices the state's bit sets can hold.
@@ -211,7 +211,8 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     if target > lower:
         line_deadline = deadline if line_deadline is None else line_deadline
         allowance = max(0.0, line_deadline - time.perf_counter()) / LINE_STATES_SECONDS
-        line_states = max(max_states, int(min(MAX_LINE_STATES, max_states * allowance)))
+        line_states = max(max_states, int(min(MAX_LINE_CHILDREN // num_devices,
+                                              max_states * allowance)))
         found, proven, finished = model.placement_within(
             target, line_deadline, line_states, proof_only=True,
             merge=max(merge, max_merge))
