@@ -60,8 +60,9 @@ CHUNK = 20_000
 #: LINE_STATES_SECONDS it may run (so none more within a minute's budget), up to
 #: MAX_LINE_CHILDREN / devices: its proof ends the search, and with the cap fixed
 #: more time bought nothing. On the 12-layer Llama (`benchmarks.op_graphs`) that
-#: test, at 1.0413 W/4 with cells of 0.02 W/4, needs 262,098 states (153 s; its peak,
-#: 1,048,392 children, took the process to 1.2 GB, about what the cap allows); at the
+#: test, at 1.0413 W/4 with cells of 0.02 W/4, needs 262,098 states (153 s; at its
+#: peak layer, whose parents times four devices make 1,048,392 children before any
+#: release's copies, the process reached 1.2 GB: about what the cap allows); at the
 #: fixed cap the planner proved 1.0361 W/4 in 600 s (gap 2.38%), with this one 1.0412
 #: (1.90%); in 300 s the cap, 196,000, still stops it.
 LINE_STATES_SECONDS = 60.0
