@@ -183,7 +183,7 @@ def forward_tasks(tg: TaskGraph) -> np.ndarray:
 def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> np.ndarray:
     """Per group the group it may join without loss (itself where none): a forward
     source whose every edge, either way, meets one other group c, whose work is at
-    most the send costs of its tasks, and whose memory is 0 or the cap can never bind.
+    most the send costs of its tasks that send to c, and whose memory is 0 or the cap can never bind.
     Moving it to c's device takes its work and transfers off its own device and adds
     at most its work to c's device, which no longer receives its outputs; the
     devices' quotient stays acyclic. So the optimum over contiguous splits keeps it
@@ -201,8 +201,11 @@ def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> n
         if a != b:
             neighbours[a].add(b)
             neighbours[b].add(a)
-    has_succ = np.bincount(tg.edge_src, minlength=tg.num_tasks) > 0
-    sends = np.bincount(tg.group, weights=tg.send_s * has_succ, minlength=tg.num_groups)
+    # Only a task that sends out of its group pays for it when c sits elsewhere (one
+    # whose consumers are all in its own group never does), so only those count.
+    leaves = src_group != dst_group
+    sends_out = np.bincount(tg.edge_src[leaves], minlength=tg.num_tasks) > 0
+    sends = np.bincount(tg.group, weights=tg.send_s * sends_out, minlength=tg.num_groups)
     cap_binds = float(group_memory.sum()) > memory_cap
     for g in range(tg.num_groups):
         if (len(neighbours[g]) == 1 and not forward_pred[g]
