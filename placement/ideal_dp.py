@@ -183,10 +183,10 @@ def forward_tasks(tg: TaskGraph) -> np.ndarray:
 def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> np.ndarray:
     """Per group the group it may join without loss (itself where none): a forward
     source whose every edge, either way, meets one other group c, whose work is at
-    most the send costs of its tasks that send to c, and whose memory is 0 or the cap can never bind.
-    Moving it to c's device takes its work and transfers off its own device and adds
-    at most its work to c's device, which no longer receives its outputs; the
-    devices' quotient stays acyclic. So the optimum over contiguous splits keeps it
+    most the send costs of its tasks that send to c, and whose memory is 0 or the cap
+    can never bind. Moving it to c's device takes its work and transfers off its own
+    device and adds at most its work to c's device, which no longer receives those
+    sends; the devices' quotient stays acyclic. So the optimum over contiguous splits keeps it
     with c, and joining them shrinks the ideals (at operator granularity, a weight's
     transpose feeding one matmul is such a source: one per weight, each doubling the
     ideals of every cut it is pending at)."""
