@@ -186,15 +186,16 @@ def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> n
     most the send costs of its tasks that send to c, and whose memory is 0 or the cap
     can never bind. Moving it to c's device takes its work and transfers off its own
     device and adds at most its work to c's device, which no longer receives those
-    sends; the devices' quotient stays acyclic. So the optimum over contiguous splits keeps it
-    with c, and joining them shrinks the ideals (at operator granularity, a weight's
-    transpose feeding one matmul is such a source: one per weight, each doubling the
-    ideals of every cut it is pending at)."""
+    sends; the devices' quotient stays acyclic. So the optimum over contiguous splits
+    keeps it with c, and joining them shrinks the ideals (at operator granularity, a
+    weight's transpose feeding one matmul is such a source: one per weight, each
+    doubling the ideals of every cut it is pending at)."""
     join = np.arange(tg.num_groups)
     src_group, dst_group = tg.group[tg.edge_src], tg.group[tg.edge_dst]
     forward = forward_tasks(tg)
     forward_pred = np.zeros(tg.num_groups, dtype=bool)
-    both = forward[tg.edge_src] & forward[tg.edge_dst] & (src_group != dst_group)
+    leaves = src_group != dst_group
+    both = forward[tg.edge_src] & forward[tg.edge_dst] & leaves
     forward_pred[dst_group[both]] = True
     neighbours: list[set[int]] = [set() for _ in range(tg.num_groups)]
     for a, b in zip(src_group.tolist(), dst_group.tolist()):
@@ -203,7 +204,6 @@ def side_inputs(tg: TaskGraph, group_memory: np.ndarray, memory_cap: float) -> n
             neighbours[b].add(a)
     # Only a task that sends out of its group pays for it when c sits elsewhere (one
     # whose consumers are all in its own group never does), so only those count.
-    leaves = src_group != dst_group
     sends_out = np.bincount(tg.edge_src[leaves], minlength=tg.num_tasks) > 0
     sends = np.bincount(tg.group, weights=tg.send_s * sends_out, minlength=tg.num_groups)
     cap_binds = float(group_memory.sum()) > memory_cap

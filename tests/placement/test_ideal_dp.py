@@ -143,10 +143,8 @@ def test_moving_side_inputs_to_their_neighbour_never_raises_a_device_load(seed):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6))
 def test_side_inputs_never_raise_a_load_on_random_training_graphs(seed):
-    """The same on random training DAGs, with colocation: a group whose task sends only
-    to its own group's tasks (a colocated sink feeding its backward) saves nothing when
-    joined, so that send must not count towards its work (seed 35157 joined such a
-    group and the joined optimum was 23 where the true one is 22)."""
+    """The same on random training DAGs, with colocation (brute force over every
+    placement)."""
     rng = np.random.default_rng(seed)
     k = int(rng.integers(2, 4))
     p = max_load_problem(training_dag(seed, int(rng.integers(4, 8)),
@@ -159,6 +157,11 @@ def test_side_inputs_never_raise_a_load_on_random_training_graphs(seed):
 
 
 def test_a_send_within_its_own_group_does_not_make_a_side_input():
+    """A group whose task sends only to its own group's tasks (a colocated sink feeding
+    its backward) saves nothing by joining, so that send must not count towards its
+    work: counted, this graph's source joined its consumer and the joined optimum was
+    23 where the true one is 22 (hypothesis drew it as seed 35157 of the sequence DP's
+    walking-back test)."""
     p = max_load_problem(training_dag(35157, 4, edge_prob=0.438, colocate=True), 2)
     assert brute_max_load(p, contiguous=False) == pytest.approx(22.0)
     root = join_roots(side_inputs(p.tg, p.group_memory, p.memory_cap))
