@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +51,12 @@ TOP_BEAM_DIVISOR = 10
 #: Dominance is tested in rounds against this many states of the least total load with
 #: the same sender sets not yet probed, at most DOMINANCE_ROUNDS rounds a layer (keeping
 #: a dominated state only costs time). One round of 24 probes left a layer of decomposed
-#: ResNet-50 with 27,520 states where 1,208 are undominated.
+#: ResNet-50 with 27,520 states where 1,208 are undominated. The rounds after the first
+#: few drop little: on the 12-layer Llama's line test (1.0413 W/4, cells of 0.03 W/4)
+#: the first dropped 196,551 of 6.7 million states over the walk, the 16th 7,136, and
+#: the test took 31.6-34.9 s with 1-5 rounds against 46.2 with 16 (one run each).
 DOMINANCE_PROBES = 24
-DOMINANCE_ROUNDS = 16
+DOMINANCE_ROUNDS = 3
 #: States compared at once in the dominance test (bounds its memory).
 CHUNK = 20_000
 #: The relaxation's test at the gap line may hold MAX_STATES states a layer for each
@@ -165,7 +168,9 @@ def sequence_dp(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
 def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
                   lower: float, upper: float, light: float, deadline: float = math.inf,
                   max_states: int = MAX_STATES, merge: float = 0.0,
-                  max_merge: float = 0.0, line_deadline: float | None = None) -> float:
+                  max_merge: float = 0.0, line_deadline: float | None = None,
+                  line_merge: float = 0.0, line: bool = True,
+                  settled: Callable[[], bool] = lambda: False) -> float:
     """A proven max-load bound (at least `lower`) from the DP on a relaxation with
     fewer states: senders of cost at most `light` dropped (every load can only fall),
     and the units then left with no sender, such as a decomposed batch norm's
@@ -190,38 +195,39 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     states: on decomposed ResNet-50 a test at 1.12 W/4 passes the cap with cells of
     0.005 W/4 and proves in 1 s with 0.02; doubling the cells instead spent 2 s more
     on tests at 0.01 that failed too).
-    The first test lies a hair inside CHARGE_GAP under `upper`, with cells of
-    `max_merge`, and may run until `line_deadline` (`deadline` where None), its cap
-    growing with that time (LINE_STATES_SECONDS): a proof there meets that gap
-    whatever the climb would reach, and ends the climb.
+    The first test lies a hair inside CHARGE_GAP under `upper` (`line_target`), with
+    cells of the widest of `merge`, `max_merge` and `line_merge`, and may run until
+    `line_deadline` (`deadline` where None), its cap growing with that time
+    (LINE_STATES_SECONDS): a proof there meets that gap whatever the climb would
+    reach, and ends the climb.
     On decomposed bert12 the climb spent its time on the tests below it (at 1.0362
     W/4 6 s with cells of 0.005 W/4, failing its pace, then 7 s with 0.02) and the
     test at the line, which proves in 15-25 s, never ran; on decomposed ResNet-50 the
     line lies above what the relaxation can prove, and the test there finds a relaxed
     placement in 3-6 s. A test that fails there leaves the climb as it was: with its
     top at the line, the climb on T5 (`aten`) proved 0.0970 instead of 0.0973 (one
-    run each)."""
+    run each). `line` False leaves that test to the caller (`line_test` in a process
+    of its own, `placement.line_process`), and the climb stops between tests once
+    `settled()` says the caller has its bound."""
     if num_devices <= 1 or num_devices > MAX_DEVICES or not upper > lower:
         return lower
     model = _Model(tg, units, num_devices, light)
-    # A hair inside the line, so that the gap it proves is under CHARGE_GAP after
-    # rounding too (at the line itself bert12's read 2.0000000000000014%).
-    target = max(lower, (1 - CHARGE_GAP * (1 - BOUND_RESOLUTION)) * upper)
+    target = line_target(lower, upper)
+    # The climb's tests lie under the line and reuse these tables.
     model._first_segment_charges(target)
     lo, hi, step = lower, upper, RELAXED_FIRST_STEP * lower
-    if target > lower:
+    if line and target > lower:
         line_deadline = deadline if line_deadline is None else line_deadline
         allowance = max(0.0, line_deadline - time.perf_counter()) / LINE_STATES_SECONDS
         line_states = max(max_states, int(min(MAX_LINE_CHILDREN // num_devices,
                                               max_states * allowance)))
-        found, proven, finished = model.placement_within(
-            target, line_deadline, line_states, proof_only=True,
-            merge=max(merge, max_merge))
-        if found is None and proven and finished:
+        if model.proves(target, line_deadline, line_states,
+                        max(merge, max_merge, line_merge)):
             # A test above the line needs tables of its own (5 s on decomposed bert12)
             # for a bound the gap does not need; the time is the plan search's.
             return target
-    while hi - lo > BOUND_RESOLUTION * hi and time.perf_counter() < deadline:
+    while (hi - lo > BOUND_RESOLUTION * hi and time.perf_counter() < deadline
+           and not settled()):
         probe = min(lo + max(step, BOUND_RESOLUTION * hi), lo + RELAXED_REACH * (hi - lo))
         found, proven, finished = model.placement_within(probe, deadline, max_states,
                                                          proof_only=True, merge=merge)
@@ -232,6 +238,29 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
         else:
             hi, step = probe, step / 4  # no proof at or above this L
     return lo
+
+
+def line_target(lower: float, upper: float) -> float:
+    """The relaxation's first test: a hair inside CHARGE_GAP under `upper`, so that the
+    gap it proves is under that share after rounding too (at the line itself bert12's
+    read 2.0000000000000014%), and never under `lower`."""
+    return max(lower, (1 - CHARGE_GAP * (1 - BOUND_RESOLUTION)) * upper)
+
+
+def line_test(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
+              light: float, bound: float, deadline: float, max_states: int,
+              merge: float) -> bool:
+    """Whether `relaxed_bound`'s relaxation (senders of at most `light` dropped, cells
+    of `merge`) proves every placement's max-load above `bound` by `deadline`, with at
+    most `max_states` states a layer: its test at the line, standing alone on a core
+    of its own, so with no pace check (its time has no other use; on the 12-layer
+    Llama the states peak in the walk's first third, and the pace read there stopped
+    a test that would have proved)."""
+    if num_devices <= 1 or num_devices > MAX_DEVICES:
+        return False
+    model = _Model(tg, units, num_devices, light)
+    model._first_segment_charges(bound)
+    return model.proves(bound, deadline, max_states, merge, pace=False)
 
 
 def heavy_end_first(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
@@ -342,16 +371,25 @@ class _Model:
                 loads[held] += c
         return float(loads.max())
 
+    def proves(self, bound: float, deadline: float, max_states: int,
+               merge: float, pace: bool = True) -> bool:
+        """Whether the test at `bound` (`placement_within`, proof only) proves it out."""
+        found, proven, finished = self.placement_within(bound, deadline, max_states,
+                                                        proof_only=True, merge=merge,
+                                                        pace=pace)
+        return found is None and proven and finished
+
     def placement_within(self, bound: float, deadline: float, max_states: int,
-                         proof_only: bool = False, merge: float = 0.0
+                         proof_only: bool = False, merge: float = 0.0, pace: bool = True
                          ) -> tuple[np.ndarray | None, bool, bool]:
         """A placement of max-load at most `bound` or None, whether None is a proof
         that there is none, and whether the test finished. Past the state cap a layer
         keeps the `max_states` states of least (max, total) load, so a placement may
         still be found, but no proof (`proof_only`: the test ends there); a test
         stopped at the deadline, or earlier where its pace says it would not finish
-        (PACE_LAYERS), gives neither. `merge` > 0 relaxes the test (`_merge_close`):
-        a proof still holds, a placement found may pass `bound`."""
+        (PACE_LAYERS; `pace` False: at the deadline only), gives neither. `merge` > 0
+        relaxes the test (`_merge_close`): a proof still holds, a placement found may
+        pass `bound`."""
         k, lim = self.k, bound * (1 + SLACK)
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
@@ -366,7 +404,7 @@ class _Model:
         proven = True
         for i in range(self.n):
             now = time.perf_counter()
-            if now > deadline or (i >= PACE_LAYERS and now + (self.n - i) * min(
+            if now > deadline or (pace and i >= PACE_LAYERS and now + (self.n - i) * min(
                     (now - layer_ends[-1 - PACE_LAYERS]) / PACE_LAYERS,
                     (now - layer_ends[0]) / i) > deadline):
                 return None, False, False

@@ -21,7 +21,14 @@ from placement.milp.backends import BACKENDS, Backend, SolveOptions, choose_back
 from placement.path_bound import heavy_group_bound, path_cut_bound
 from placement.pool_moves import boundary_swaps, max_load_search, pool_moves
 from placement.segment_bound import segment_bound
-from placement.sequence_dp import heavy_end_first, relaxed_bound, sequence_dp
+from placement.line_process import LineProcess, spare_core
+from placement.sequence_dp import (
+    MAX_LINE_CHILDREN,
+    heavy_end_first,
+    line_target,
+    relaxed_bound,
+    sequence_dp,
+)
 from placement.sequences import joined_sequences
 from placement.milp.incumbent import (
     HEURISTIC,
@@ -75,6 +82,16 @@ LIGHT_SENDER_SHARE = 0.005
 #: second share where a test passes the state cap.
 MERGE_CELL_SHARE = 0.005
 MAX_MERGE_CELL_SHARE = 0.02
+#: ... and the cells of its test at the line. Replayed alone (2026-12-07, nothing else
+#: running, 16 dominance rounds): on the 12-layer Llama at 1.0402 W/4 cells of 0.03
+#: prove with 95,581 states at the peak in 30-32 s, 0.02 with 189,928 in 82 s (under
+#: the profiler); on decomposed bert12 at 1.0413 W/4 in 4.0 s against 13.9; decomposed
+#: ResNet-50 finds a relaxed placement with either, and T5 (`aten`) passes the cap
+#: with either.
+LINE_CELL_SHARE = 0.03
+#: The line test's process stops this long before the planner's deadline (a layer of
+#: its test takes up to half a second), so that its answer is read within the limit.
+LINE_MARGIN_S = 1.0
 #: Share of the time left that the pool moves (placement/pool_moves.py) may take: on
 #: decomposed ResNet-50 they took 1 s of the 9 s left (load 3.9).
 POOL_MOVES_SHARE = 0.3
@@ -166,8 +183,9 @@ def _options(problem: Problem, deadline: float, share: float = 1.0,
 
 # ---- max-load -------------------------------------------------------------------------
 
-def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
-              deadline: float) -> tuple[float, str]:
+def _max_load_moves(problem: Problem, incumbent: Incumbent, deadline: float):
+    """(score, refine): a placement's max-load and loads; local search on the
+    incumbent from `source` in `share` of the time left."""
     tg, k = problem.tg, problem.num_devices
 
     def score(gd: np.ndarray) -> tuple[float, np.ndarray]:
@@ -181,6 +199,14 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
                                     group_memory=problem.group_memory,
                                     memory_cap=problem.memory_cap, deadline=until)
         incumbent.offer(gd, value, refined(source))
+
+    return score, refine
+
+
+def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
+              deadline: float) -> tuple[float, str]:
+    tg, k = problem.tg, problem.num_devices
+    score, refine = _max_load_moves(problem, incumbent, deadline)
 
     # Exact presolve: a side input never loses by sitting with its one neighbour
     # (ideal_dp.side_inputs), so every plan is moved so, and the fine model's units are
@@ -206,22 +232,65 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     # Local search first gives the MILP a better incumbent, but must leave it time.
     refine(incumbent.source, REFINE_SHARE)
     _snap_side_inputs(incumbent, root, score)
+    members: dict[int, list[int]] = {}
+    for g in seq:
+        members.setdefault(int(root[g]), []).append(g)
+    units = list(members.values())
+    windowed = len(units) > MAX_LOAD_FINE_GROUPS
+    walk = heavy_end_first(tg, units, k, incumbent.value) if windowed else units
+    line = _line_process(problem, incumbent, walk, deadline) if windowed else None
+    try:
+        bound, status = _max_load_stages(problem, backend, incumbent, deadline, seq,
+                                         root, units, walk, line)
+        if line is not None and status != "optimal":
+            if line.proven(wait_until=deadline):
+                incumbent.proven_bound = max(incumbent.proven_bound, line.bound)
+                bound = max(bound, line.bound)
+            elif line.failure is not None:
+                incumbent.notes.append(f"warning: the relaxed DP's line test failed in "
+                                       f"its own process ({line.failure}); its bound is "
+                                       "left out")
+    finally:
+        if line is not None:
+            line.close()
+    return bound, status
+
+
+def _line_process(problem: Problem, incumbent: Incumbent, walk: list[list[int]],
+                  deadline: float) -> LineProcess | None:
+    """The relaxation's test at the gap line under the incumbent, started in a
+    process of its own where a core is spare (`placement.line_process`); None where
+    none is, or where the line lies under the analytic bound."""
+    tg, k = problem.tg, problem.num_devices
+    share = float(tg.duration_s.sum()) / k
+    target = line_target(problem.lower_bound(), incumbent.value)
+    if not spare_core(problem.config.threads) or target <= problem.lower_bound():
+        return None
+    return LineProcess(tg, walk, k, LIGHT_SENDER_SHARE * share, target,
+                       deadline - LINE_MARGIN_S, MAX_LINE_CHILDREN // k,
+                       LINE_CELL_SHARE * share)
+
+
+def _max_load_stages(problem: Problem, backend: Backend, incumbent: Incumbent,
+                     deadline: float, seq: list[int], root: np.ndarray,
+                     units: list[list[int]], walk: list[list[int]],
+                     line: LineProcess | None) -> tuple[float, str]:
+    """The bounds, the DP, the searches and the MILP rounds after the presolve."""
+    tg, k = problem.tg, problem.num_devices
+    score, refine = _max_load_moves(problem, incumbent, deadline)
+
     incumbent.stage = "transfer bounds"
     known = path_cut_bound(tg, k, heavy_group_bound(tg, problem.lower_bound()),
                            incumbent.value)
     known = segment_bound(tg, k, seq, known, incumbent.value,
                           deadline=time.perf_counter() + SEGMENT_BOUND_SHARE * max(
                               0.0, deadline - time.perf_counter()))
-    members: dict[int, list[int]] = {}
-    for g in seq:
-        members.setdefault(int(root[g]), []).append(g)
-    units = list(members.values())
-    windowed = len(units) > MAX_LOAD_FINE_GROUPS
     # Proven without the MILP solver: it stands whatever the solver later answers.
     incumbent.proven_bound = known
+    windowed = len(units) > MAX_LOAD_FINE_GROUPS
     if windowed:
-        known = incumbent.proven_bound = _sequence_dp(problem, incumbent, units, known,
-                                                      deadline)
+        known = incumbent.proven_bound = _sequence_dp(problem, incumbent, walk, known,
+                                                      deadline, line)
         incumbent.stage = "pool moves"
         incumbent.offer(*pool_moves(tg, k, units, incumbent.group_device,
                                     LIGHT_SENDER_SHARE * float(tg.duration_s.sum()) / k,
@@ -254,15 +323,15 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     return max(bound, known), status
 
 
-def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
-                 known: float, deadline: float) -> float:
-    """The sequence DP's bisection (placement/sequence_dp.py) in its share of the time
-    left: its plan when better and within the memory caps (the DP does not model
-    them), and the larger of its bound and `known`; then, where the gap is still
-    open, its relaxation's bound (`relaxed_bound`) in a share of the time left."""
+def _sequence_dp(problem: Problem, incumbent: Incumbent, walk: list[list[int]],
+                 known: float, deadline: float, line: LineProcess | None) -> float:
+    """The sequence DP's bisection (placement/sequence_dp.py) along `walk` in its share
+    of the time left: its plan when better and within the memory caps (the DP does not
+    model them), and the larger of its bound and `known`; then, where the gap is still
+    open, its relaxation's bound (`relaxed_bound`) in a share of the time left, whose
+    test at the line is `line`'s where that process runs."""
     tg, k = problem.tg, problem.num_devices
     incumbent.stage = "sequence DP"
-    walk = heavy_end_first(tg, units, k, incumbent.value)
     found = sequence_dp(tg, walk, k, known, incumbent.value, problem.config.gap,
                         deadline=time.perf_counter() + SEQUENCE_DP_SHARE * max(
                             0.0, deadline - time.perf_counter()))
@@ -284,7 +353,10 @@ def _sequence_dp(problem: Problem, incumbent: Incumbent, units: list[list[int]],
                          deadline=time.perf_counter() + RELAXED_DP_SHARE * left,
                          line_deadline=time.perf_counter() + RELAXED_LINE_SHARE * left,
                          merge=MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k,
-                         max_merge=MAX_MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k)
+                         max_merge=MAX_MERGE_CELL_SHARE * float(tg.duration_s.sum()) / k,
+                         line_merge=LINE_CELL_SHARE * float(tg.duration_s.sum()) / k,
+                         line=line is None,
+                         settled=(lambda: False) if line is None else line.proven)
 
 
 def _window_search(problem: Problem, backend: Backend, incumbent: Incumbent,

@@ -118,7 +118,7 @@ def test_the_walk_starts_at_the_end_nearer_the_heaviest_block():
 
 
 def test_the_plan_found_walking_back_is_offered_in_the_graphs_own_units():
-    """The planner's sequence DP stage walks the heavy-last chain back and offers its
+    """The planner's sequence DP stage, walking the heavy-last chain back, offers its
     plan, the brute-force optimum, mapped back to the groups (all on one device, 18,
     to start)."""
     from placement.milp.incumbent import Incumbent
@@ -128,9 +128,10 @@ def test_the_plan_found_walking_back_is_offered_in_the_graphs_own_units():
     start = np.zeros(p.tg.num_groups, dtype=np.int64)
     incumbent = Incumbent(start, max_load(p.tg, start, 2), "one device")
     optimum = brute_max_load(p, contiguous=False)
-    assert heavy_end_first(p.tg, units, 2, incumbent.value) == units[::-1]
-    bound = _sequence_dp(p, incumbent, units, max_load_lower_bound(p.tg, 2),
-                         time.perf_counter() + 30)
+    walk = heavy_end_first(p.tg, units, 2, incumbent.value)
+    assert walk == units[::-1]
+    bound = _sequence_dp(p, incumbent, walk, max_load_lower_bound(p.tg, 2),
+                         time.perf_counter() + 30, line=None)
     assert incumbent.source == "sequence-dp"
     assert incumbent.value == pytest.approx(optimum)
     assert max_load(p.tg, incumbent.group_device, 2) == pytest.approx(optimum)
