@@ -65,10 +65,14 @@ class LineProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [root, *filter(None, [env.get("PYTHONPATH")])])
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "placement.line_process", self._path],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            env=env, text=True)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "placement.line_process", self._path],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                env=env, text=True)
+        except OSError:
+            Path(self._path).unlink(missing_ok=True)
+            raise
 
     def proven(self, wait_until: float | None = None) -> bool:
         """Whether the child has proved `bound` out; with `wait_until` (a
@@ -103,6 +107,7 @@ def main(path: str) -> None:
     with open(path, "rb") as f:
         (tg, units, num_devices, light, bound, seconds, sent, max_states,
          merge) = pickle.load(f)
+    Path(path).unlink(missing_ok=True)  # read once: nothing is left if the planner dies
     deadline = time.perf_counter() + seconds - max(0.0, time.time() - sent)
     proven = line_test(tg, units, num_devices, light, bound, deadline, max_states, merge)
     print(PROVEN if proven else "not proven", flush=True)

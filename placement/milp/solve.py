@@ -266,9 +266,14 @@ def _line_process(problem: Problem, incumbent: Incumbent, walk: list[list[int]],
     target = line_target(problem.lower_bound(), incumbent.value)
     if not spare_core(problem.config.threads) or target <= problem.lower_bound():
         return None
-    return LineProcess(tg, walk, k, LIGHT_SENDER_SHARE * share, target,
-                       deadline - LINE_MARGIN_S, MAX_LINE_CHILDREN // k,
-                       LINE_CELL_SHARE * share)
+    try:
+        return LineProcess(tg, walk, k, LIGHT_SENDER_SHARE * share, target,
+                           deadline - LINE_MARGIN_S, MAX_LINE_CHILDREN // k,
+                           LINE_CELL_SHARE * share)
+    except OSError as exc:  # no interpreter or temporary file to start it with
+        incumbent.notes.append(f"warning: the relaxed DP's line test could not start a "
+                               f"process of its own ({exc}); it runs in the planner's")
+        return None
 
 
 def _max_load_stages(problem: Problem, backend: Backend, incumbent: Incumbent,
