@@ -5,8 +5,8 @@ run one after another on one core. The relaxation's test at the 2% line
 (`sequence_dp.relaxed_bound`) is one long numpy loop that needs nothing from them but
 its inputs, so on a machine with a core to spare it runs there from the first good
 incumbent on, beside every later stage, and the planner reads its proof at the end.
-On the 12-layer Llama of `benchmarks.op_graphs` that test needs 24-32 s after 10 s of
-tables, where the minute's sequential stages left it about 24 (and its pace check,
+On the 12-layer Llama of `benchmarks.op_graphs` that test needs 31-46 s after 9-10 s
+of tables, where the minute's sequential stages left it about 24 (and its pace check,
 misled by the states' peak in the first third of the walk, stopped it sooner).
 
 A child interpreter (`python -m placement.line_process FILE`), not `multiprocessing`:
@@ -65,12 +65,16 @@ class LineProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [root, *filter(None, [env.get("PYTHONPATH")])])
+        # Its errors go to a file: a pipe nobody reads until the end could fill and
+        # stall the child.
+        self._err = tempfile.TemporaryFile(mode="w+")
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "placement.line_process", self._path],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=self._err, stdin=subprocess.DEVNULL,
                 env=env, text=True)
         except OSError:
+            self._err.close()
             Path(self._path).unlink(missing_ok=True)
             raise
 
@@ -87,10 +91,11 @@ class LineProcess:
                     return False
             # It has exited (communicate with a timeout gives up before reading once
             # the time is past, however much waits in the pipes).
-            out, err = self._proc.communicate()
+            out, _ = self._proc.communicate()
             self._result = out.strip() == PROVEN
             if self._proc.returncode != 0:
-                lines = err.strip().splitlines()
+                self._err.seek(0)
+                lines = self._err.read().strip().splitlines()
                 self.failure = (f"exit status {self._proc.returncode}"
                                 + (f": {lines[-1]}" if lines else ""))
         return self._result
@@ -100,6 +105,11 @@ class LineProcess:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.communicate()
+            if self._result is None:
+                self._result = False  # stopped before it answered: no proof, no failure
+        else:
+            self.proven()  # its answer, read before its error file goes
+        self._err.close()
         Path(self._path).unlink(missing_ok=True)
 
 

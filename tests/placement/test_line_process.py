@@ -52,6 +52,7 @@ def test_close_stops_a_running_child_and_removes_its_input():
     assert child._proc.poll() is not None
     assert not Path(child._path).exists()
     assert child.proven() is False
+    assert child.failure is None  # stopped by the planner, not failed
 
 
 def test_one_thread_asked_for_leaves_no_core_to_spare():
