@@ -53,6 +53,12 @@ MAX_ENUMERATED = 16
 #: Releases kept per home (each multiplies the DP's states): runs of consecutive
 #: points of the front become one, of the run's largest work and least cost.
 MAX_RELEASES = 3
+#: Pools of more anchors than this take their cheapest dropped sender as the cut
+#: between anchors (a cut between two connected anchors cuts one) instead of a max
+#: flow per anchor: on the generated 60-layer transformer (`benchmarks.max_load
+#: --generated`) one pool has 240 anchors, whose 239 flows took 63 s in a 10-s solve,
+#: twice; the operator-level graphs of the benchmarks have at most 6.
+MAX_FLOW_ANCHORS = 8
 
 
 @dataclass(frozen=True)
@@ -142,9 +148,12 @@ def _front(work: np.ndarray, members: Sequence[Sequence[int]], cost: np.ndarray,
 def _apart(members: Sequence[Sequence[int]], cost: np.ndarray,
            anchors: list[int]) -> float:
     """The least cost of the senders `members` that separate the last anchor (the
-    home) from another (inf for one anchor): a max flow per other anchor."""
+    home) from another (inf for one anchor): a max flow per other anchor, or, past
+    MAX_FLOW_ANCHORS anchors, the cheapest sender (a bound under it)."""
     if len(anchors) < 2:
         return math.inf
+    if len(anchors) > MAX_FLOW_ANCHORS:
+        return float(cost.min())
     graph = nx.DiGraph()
     for j, (m, c) in enumerate(zip(members, cost.tolist())):
         # A sender is cut once however many of its members lie across: one arc of

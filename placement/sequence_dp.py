@@ -214,7 +214,7 @@ def relaxed_bound(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: in
     model = _Model(tg, units, num_devices, light)
     target = line_target(lower, upper)
     # The climb's tests lie under the line and reuse these tables.
-    model._first_segment_charges(target)
+    model._first_segment_charges(target, deadline)
     lo, hi, step = lower, upper, RELAXED_FIRST_STEP * lower
     if line and target > lower:
         line_deadline = deadline if line_deadline is None else line_deadline
@@ -259,7 +259,6 @@ def line_test(tg: TaskGraph, units: Sequence[Sequence[int]], num_devices: int,
     if num_devices <= 1 or num_devices > MAX_DEVICES:
         return False
     model = _Model(tg, units, num_devices, light)
-    model._first_segment_charges(bound)
     return model.proves(bound, deadline, max_states, merge, pace=False)
 
 
@@ -394,7 +393,10 @@ class _Model:
         # The work still to place and the charge its own senders must add (a state
         # whose loads plus these pass k L has no completion within L).
         tied = tied_units(self.work, self.members, self.cost, k, lim, float(self.rest[0]))
-        table_bound, first = self._first_segment_charges(bound)
+        tables = self._first_segment_charges(bound, deadline)
+        if tables is None:
+            return None, False, False
+        table_bound, first = tables
         layer_ends = [time.perf_counter()]
         loads = np.zeros((1, k))
         masks = np.zeros((1, 0), dtype=np.int64)
@@ -463,12 +465,13 @@ class _Model:
             layer_ends.append(time.perf_counter())
         return self._trace(trail, int(np.argmin(loads.max(axis=1)))), proven, True
 
-    def _first_segment_charges(self, bound: float) -> tuple[float, np.ndarray]:
+    def _first_segment_charges(self, bound: float, deadline: float = math.inf
+                               ) -> tuple[float, np.ndarray] | None:
         """The least bound B at or above `bound` with tables, and `first_segment_charges`
         at B with the tied segments limited to TIED_ROOM_SHARES of it (made at
-        CHARGE_AHEAD above `bound` where none is). Tables at B >= L hold at L: a reading
-        within L is one within B, and ties at B are ties at L, each of its components
-        within one of L's."""
+        CHARGE_AHEAD above `bound` where none is; None where making them passes
+        `deadline`). Tables at B >= L hold at L: a reading within L is one within B,
+        and ties at B are ties at L, each of its components within one of L's."""
         made = [b for b in self._charges if b >= bound]
         if made:
             return min(made), self._charges[min(made)]
@@ -478,10 +481,13 @@ class _Model:
         marked = np.zeros(self.n, dtype=bool)
         for units in tied.units:
             marked[units] = True
-        self._charges[bound] = first_segment_charges(
-            self.work, self.members, self.cost, bound, tied.joined(self.n), marked,
-            self.shares * bound)
-        return bound, self._charges[bound]
+        charges = first_segment_charges(self.work, self.members, self.cost, bound,
+                                        tied.joined(self.n), marked, self.shares * bound,
+                                        deadline)
+        if charges is None:
+            return None
+        self._charges[bound] = charges
+        return bound, charges
 
     def _ahead(self, first, rows, masks, open_ids, i) -> tuple[np.ndarray, np.ndarray]:
         """Per state, the least the loads must still grow by in charges: of the senders

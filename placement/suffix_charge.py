@@ -51,6 +51,7 @@ Hand-written: a bound of this model's own load function, which no library comput
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -77,12 +78,16 @@ def first_segment_charges(work: np.ndarray, members: Sequence[Sequence[int]],
                           cost: np.ndarray, bound: float,
                           joined: np.ndarray | None = None,
                           tied: np.ndarray | None = None,
-                          tied_bounds: Sequence[float] = ()) -> np.ndarray:
+                          tied_bounds: Sequence[float] = (),
+                          deadline: float = math.inf) -> np.ndarray | None:
     """[r, j, x] = F(j, j + x) for j = 0..n-1 (row n: inf): the least charge of the
     readings of units j.. whose first segment is j..j+x (inf where none fits), with
     segments that hold a unit `tied` marks limited to `tied_bounds[r]` (each at most
     `bound`; one row, no such limit, where none is given). The others as in
-    `suffix_charges`."""
+    `suffix_charges`. None where `deadline` (a `time.perf_counter()` value) passes
+    first: the work grows with the units times the square of the most a segment may
+    hold (on the generated 120-layer transformer of `benchmarks.max_load`, 3,001
+    units, a table took 44 s of a 10-s solve)."""
     n = len(work)
     prefix = np.concatenate([[0.0], np.cumsum(work)])
     limit = bound * (1 + SLACK)
@@ -101,6 +106,8 @@ def first_segment_charges(work: np.ndarray, members: Sequence[Sequence[int]],
     # x + 1 units.
     pocket = np.full((rows, POCKET_UNITS + 1, n + 1, width), math.inf)
     for e in range(n - 1, -1, -1):
+        if time.perf_counter() > deadline:
+            return None
         starts = np.arange(max(0, e - width + 1), e + 1)
         ok = fits[starts] & (last[starts] >= e) & (joined is None or not joined[e])
         ok = ok[None, :] & ((next_tied[starts] > e)[None, :] | (last_tied[:, starts] >= e))

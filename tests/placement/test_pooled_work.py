@@ -9,6 +9,7 @@ import itertools
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,3 +145,27 @@ def test_past_max_enumerated_a_pool_releases_all_for_its_cheapest_sender(monkeyp
     members, cost = [[0, 1], [1, 2], [2, 3]], np.array([0.3, 0.2, 0.1])
     (pool,), _ = anchored_pools(work, members, cost, walked)
     assert pool.together == ((0.0, 0.0), (3.0, 0.1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_past_max_flow_anchors_every_placement_is_still_covered(seed):
+    """With the cheapest sender standing for the cut between anchors of every pool of
+    two or more, the releases still cover every placement."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pooled_work, "MAX_FLOW_ANCHORS", 1)
+        assert _uncovered(_instance(seed)) is None
+
+
+def test_past_max_flow_anchors_the_cut_between_anchors_is_the_cheapest_sender(monkeypatch):
+    """Anchors 0 and 4 joined through units 1-3 by senders of cost 0.5, 0.6, 0.7 and
+    0.8, with a second sender of 0.05 between units 2 and 3: the least cut between the
+    anchors costs 0.5 (a max flow); past the cap the pool takes 0.05, under it."""
+    work, walked = np.ones(5), np.array([True, False, False, False, True])
+    members = [[0, 1], [1, 2], [2, 3], [2, 3], [3, 4]]
+    cost = np.array([0.5, 0.6, 0.7, 0.05, 0.8])
+    (pool,), _ = anchored_pools(work, members, cost, walked)
+    assert pool.anchors == (0, 4) and pool.apart == pytest.approx(0.5)
+    monkeypatch.setattr(pooled_work, "MAX_FLOW_ANCHORS", 1)
+    (pool,), _ = anchored_pools(work, members, cost, walked)
+    assert pool.apart == pytest.approx(0.05)

@@ -174,3 +174,16 @@ def test_the_brute_force_check_catches_an_over_strong_charge(monkeypatch, varian
         assert _charge_shortfall(model, 2) == ((0, 1, 1, 0), 0)
     else:
         assert _charge_shortfall(model, 2, lambda m, v: _tied_joined(m, v / 2)) is not None
+
+
+def test_tables_past_their_deadline_are_none_and_none_is_kept():
+    """A table stopped by its deadline is None, one given time is the table, and the
+    model keeps no table it could not finish."""
+    p, units, optimum = _case(3)
+    model = _Model(p.tg, units, p.num_devices)
+    args = (model.work, model.members, model.cost, optimum)
+    assert suffix_charge.first_segment_charges(*args, deadline=-math.inf) is None
+    assert np.array_equal(suffix_charge.first_segment_charges(*args, deadline=math.inf),
+                          suffix_charge.first_segment_charges(*args))
+    assert model._first_segment_charges(optimum, -math.inf) is None
+    assert model._charges == {}
