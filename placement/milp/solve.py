@@ -236,9 +236,10 @@ def _max_load(problem: Problem, backend: Backend, incumbent: Incumbent,
     for g in seq:
         members.setdefault(int(root[g]), []).append(g)
     units = list(members.values())
-    windowed = len(units) > MAX_LOAD_FINE_GROUPS
-    walk = heavy_end_first(tg, units, k, incumbent.value) if windowed else units
-    line = _line_process(problem, incumbent, walk, deadline) if windowed else None
+    # Past MAX_LOAD_FINE_GROUPS units the sequence DP walks them (None: the MILP alone).
+    walk = (heavy_end_first(tg, units, k, incumbent.value)
+            if len(units) > MAX_LOAD_FINE_GROUPS else None)
+    line = _line_process(problem, incumbent, walk, deadline) if walk is not None else None
     try:
         bound, status = _max_load_stages(problem, backend, incumbent, deadline, seq,
                                          root, units, walk, line)
@@ -278,9 +279,10 @@ def _line_process(problem: Problem, incumbent: Incumbent, walk: list[list[int]],
 
 def _max_load_stages(problem: Problem, backend: Backend, incumbent: Incumbent,
                      deadline: float, seq: list[int], root: np.ndarray,
-                     units: list[list[int]], walk: list[list[int]],
+                     units: list[list[int]], walk: list[list[int]] | None,
                      line: LineProcess | None) -> tuple[float, str]:
-    """The bounds, the DP, the searches and the MILP rounds after the presolve."""
+    """The bounds, the DP, the searches and the MILP rounds after the presolve (the
+    DP, the searches and the coarse round where `walk` is not None)."""
     tg, k = problem.tg, problem.num_devices
     score, refine = _max_load_moves(problem, incumbent, deadline)
 
@@ -292,8 +294,8 @@ def _max_load_stages(problem: Problem, backend: Backend, incumbent: Incumbent,
                               0.0, deadline - time.perf_counter()))
     # Proven without the MILP solver: it stands whatever the solver later answers.
     incumbent.proven_bound = known
-    windowed = len(units) > MAX_LOAD_FINE_GROUPS
-    if windowed:
+    windowed = walk is not None
+    if walk is not None:
         known = incumbent.proven_bound = _sequence_dp(problem, incumbent, walk, known,
                                                       deadline, line)
         incumbent.stage = "pool moves"
