@@ -294,7 +294,6 @@ def _max_load_stages(problem: Problem, backend: Backend, incumbent: Incumbent,
                               0.0, deadline - time.perf_counter()))
     # Proven without the MILP solver: it stands whatever the solver later answers.
     incumbent.proven_bound = known
-    windowed = walk is not None
     if walk is not None:
         known = incumbent.proven_bound = _sequence_dp(problem, incumbent, walk, known,
                                                       deadline, line)
@@ -321,10 +320,10 @@ def _max_load_stages(problem: Problem, backend: Backend, incumbent: Incumbent,
         refine(incumbent.source, REFINE_SHARE)
         _snap_side_inputs(incumbent, root, score)
     bound, status = _max_load_round(problem, backend, incumbent, units, deadline,
-                                    1.0 - WINDOW_SHARE if windowed else 1.0,
+                                    1.0 - WINDOW_SHARE if walk is not None else 1.0,
                                     backend.name, known, exact=True)
     if status != "optimal":
-        if windowed:
+        if walk is not None:
             _window_search(problem, backend, incumbent, units, known, deadline)
         refine(incumbent.source, 1.0)
     return max(bound, known), status
