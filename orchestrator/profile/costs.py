@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from orchestrator.profile.trace import Partition
@@ -66,10 +66,6 @@ class OpCost:
     @property
     def backward_flops(self) -> float:
         return sum(k.flops for k in self.backward_kernels)
-
-
-def _is_float(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.is_floating_point()
 
 
 def _nbytes(v: Any) -> int:
@@ -146,12 +142,22 @@ def _storage_ids(values: Iterable[Any]) -> dict[int, Any]:
 
 
 def reference_env(part: Partition, batch: tuple[torch.Tensor, ...]) -> dict[str, Any]:
-    """Every value of one forward pass (no autograd graph kept)."""
+    """Every value of one forward pass, each tensor a leaf that requires grad exactly
+    where the step's value does (no autograd graph kept past an op). `measure_op` runs an
+    op's backward only through the inputs that carry a gradient in the model: a float
+    that does not (a router's `histc` counts in a mixture of experts) may feed an op
+    with no derivative (`cumsum` to int32), which autograd refuses."""
     with torch.no_grad():
         env = part.inputs_env(batch)
-        for op in part.ops:
+    for op in part.ops:
+        with torch.enable_grad():
             part.run_op(op.id, env)
+        env.update((name, tree_map_only(torch.Tensor, _leaf, env[name])) for name in op.nodes)
     return env
+
+
+def _leaf(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().requires_grad_(tensor.requires_grad)
 
 
 def op_signature(part: Partition, op_id: int, env: dict[str, Any]) -> tuple:
@@ -174,10 +180,11 @@ def measure_op(part: Partition, op_id: int, env: dict[str, Any]) -> OpCost:
     """Kernels and saved bytes of op `op_id` run alone on its inputs from `env`."""
     op = part.ops[op_id]
     base = {k: env[k] for k in (*part.placeholders, *part.prologue)}
-    inputs = {k: (env[k].detach().requires_grad_(True) if _is_float(env[k]) else env[k])
-              for k in op.inputs}
-    params = [p for name, p in part.module.named_parameters() if name in set(op.params)]
-    wrt = [v for v in inputs.values() if _is_float(v)] + params
+    inputs = {k: tree_map_only(torch.Tensor, _leaf, env[k]) for k in op.inputs}
+    params = [p for name, p in part.module.named_parameters()
+              if name in set(op.params) and p.requires_grad]
+    wrt = [v for v in tree_flatten(list(inputs.values()))[0]
+           if isinstance(v, torch.Tensor) and v.requires_grad] + params
 
     def forward() -> list[torch.Tensor]:
         local = {**base, **inputs}
