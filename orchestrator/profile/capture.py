@@ -166,7 +166,8 @@ def _loss_module(gm: fx.GraphModule, name: str) -> fx.GraphModule:
     flat = output.args[0]
     if isinstance(flat, (tuple, list)) and len(flat) == 1:
         output.args = (flat[0],)
-    _out_of_place(graph)
+    _out_of_place(graph, name)
+    _differentiable_copies(graph)
     _snapshot_mutated_buffers(graph)
     _detach_buffer_writes(graph)
     graph.set_codegen(fx.graph.CodeGen())
@@ -174,30 +175,116 @@ def _loss_module(gm: fx.GraphModule, name: str) -> fx.GraphModule:
     return fx.GraphModule(gm, graph, name)
 
 
-def _out_of_place(graph: fx.Graph) -> None:
+def _out_of_place(graph: fx.Graph, name: str) -> None:
     """Replace each in-place operator on an activation (`hidden += residual` in HF's
     ResNet, `ReLU(inplace=True)`) by its out-of-place form, its later readers reading the
     result. An op boundary hands the next op a detached copy of each input, which an
     in-place write may not modify, and the write would not reach the other readers
-    anyway. Writes into buffers (running statistics) stay as they are."""
+    anyway. A write into a view (`shifted[:, 1:] = ids[:, :-1]`, as the decoder inputs
+    of BART and T5 are made) becomes its value scattered back into the view's base
+    (`slice_scatter`, ...), which the base's later readers read: what functionalization
+    does, which torch.export only runs together with decompositions that would change
+    the ops of this IR. Writes into buffers (running statistics) stay as they are."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     for node in list(graph.nodes):
-        name = aten_name(node)
-        if name is None or not name.endswith("_") or name.startswith("_"):
+        packet_name = aten_name(node)
+        if packet_name is None or not packet_name.endswith("_") or packet_name.startswith("_"):
             continue
         written = node.args[0]
-        packet = getattr(torch.ops.aten, name[:-1], None)
+        packet = getattr(torch.ops.aten, packet_name[:-1], None)
         functional = getattr(packet, node.target._overloadname, None) if packet else None
-        if not isinstance(written, fx.Node) or written.op == "get_attr" or functional is None:
+        if not isinstance(written, fx.Node) or functional is None:
+            continue
+        chain = _view_chain(written)
+        if chain[0].op == "get_attr":
             continue
         with graph.inserting_after(node):
             result = graph.call_function(functional, node.args, node.kwargs)
         result.meta = dict(node.meta)
         node.replace_all_uses_with(result)
-        for reader in list(written.users):
-            if reader is not result and order.get(reader, len(order)) > order[node]:
-                reader.replace_input_with(written, result)
+        _read_after(written, result, node, order)
+        if len(chain) > 1:
+            _check_no_stale_views(chain[0], set(chain), node, order, name)
+            value = result
+            for view, base in zip(reversed(chain[1:]), reversed(chain[:-1])):
+                with graph.inserting_after(value):
+                    value = _scatter(graph, view, base, value, name)
+                value.meta = dict(node.meta)
+            _read_after(chain[0], value, node, order)
         graph.erase_node(node)
+
+
+def _differentiable_copies(graph: fx.Graph) -> None:
+    """ATen's functional `copy` (what functionalization makes of `copy_`, and what
+    `_out_of_place` does) has no derivative: a copy becomes its source expanded and
+    cast to the destination, which autograd differentiates."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.copy.default:
+            continue
+        destination, source = node.args[:2]
+        with graph.inserting_before(node):
+            value = graph.call_function(torch.ops.aten.expand_as.default, (source, destination))
+            cast = graph.call_function(torch.ops.aten.type_as.default, (value, destination))
+        value.meta = cast.meta = dict(node.meta)
+        node.replace_all_uses_with(cast)
+        graph.erase_node(node)
+
+
+def _view_chain(node: fx.Node) -> list[fx.Node]:
+    """[base, view, view of view, ..., node]: the views `node` is taken through."""
+    chain = [node]
+    while (isinstance(chain[0].target, torch._ops.OpOverload) and chain[0].target.is_view
+           and isinstance(chain[0].args[0], fx.Node)):
+        chain.insert(0, chain[0].args[0])
+    return chain
+
+
+def _read_after(old: fx.Node, new: fx.Node, write: fx.Node, order: dict) -> None:
+    """Readers of `old` that run after `write` (in the graph's order; nodes this pass
+    added are not readers of the model's) read `new`."""
+    for reader in list(old.users):
+        if order.get(reader, -1) > order[write]:
+            reader.replace_input_with(old, new)
+
+
+def _check_no_stale_views(base: fx.Node, chain: set, write: fx.Node, order: dict,
+                          name: str) -> None:
+    """A view of `base` taken before `write` and read after it would see the write in
+    eager PyTorch, not in the rewritten graph."""
+    stack = [u for u in base.users if u not in chain]
+    while stack:
+        view = stack.pop()
+        if not (isinstance(view.target, torch._ops.OpOverload) and view.target.is_view):
+            continue
+        if order.get(view, len(order)) < order[write] and any(
+                order.get(u, len(order)) > order[write] for u in view.users):
+            raise TraceFailure(f"cannot capture {name}: {write.name} writes into a tensor "
+                               f"that {view.name}, a view taken earlier, reads after the write",
+                               "use --granularity core-aten")
+        stack.extend(view.users)
+
+
+def _scatter(graph: fx.Graph, view: fx.Node, base: fx.Node, value: fx.Node,
+             name: str) -> fx.Node:
+    """`base` with `value` written where `view` (a view of `base`) lies."""
+    aten = torch.ops.aten
+    kind = aten_name(view)
+    args = view.args[1:]
+    if kind == "slice":
+        return graph.call_function(aten.slice_scatter.default, (base, value, *args), view.kwargs)
+    if kind == "select":
+        return graph.call_function(aten.select_scatter.default, (base, value, *args))
+    if kind == "diagonal":
+        return graph.call_function(aten.diagonal_scatter.default, (base, value, *args), view.kwargs)
+    if kind == "as_strided":
+        return graph.call_function(aten.as_strided_scatter.default, (base, value, *args),
+                                   view.kwargs)
+    if kind in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias"):
+        return graph.call_function(aten.reshape_as.default, (value, base))
+    if kind == "transpose":
+        return graph.call_function(aten.transpose.int, (value, *args))
+    raise TraceFailure(f"cannot capture {name}: an in-place write into a {kind} view "
+                       f"({view.name})", "use --granularity core-aten")
 
 
 def _snapshot_mutated_buffers(graph: fx.Graph) -> None:
