@@ -58,6 +58,31 @@ def bert(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
     return _spec("bert", preset, BertForMaskedLM(config))
 
 
+def mixtral(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
+    """A mixture of experts: its router counts each expert's tokens (`histc` on the
+    chosen experts, then `cumsum` to int32), values with no gradient."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(num_hidden_layers=num_layers, hidden_size=32, intermediate_size=64,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=2, vocab_size=VOCAB, max_position_embeddings=SEQ,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return _spec("mixtral", preset, MixtralForCausalLM(config))
+
+
+def bart(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
+    """An encoder-decoder: the encoder's output feeds every decoder layer's cross-attention."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=num_layers,
+                        decoder_layers=num_layers, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                        max_position_embeddings=SEQ, dropout=0.0, attention_dropout=0.0,
+                        activation_dropout=0.0, pad_token_id=1, bos_token_id=0,
+                        eos_token_id=2, decoder_start_token_id=2)
+    return _spec("bart", preset, BartForConditionalGeneration(config))
+
+
 def vit(preset: str = "tiny") -> ModelSpec:
     """ViT, whose position embeddings are drawn by `trunc_normal_`."""
     from transformers import ViTConfig, ViTForImageClassification

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import is_fake
 from orchestrator.models import ModelSpec, build
 from orchestrator.profile import partition, profile_model
 from orchestrator.profile.capture import capture
-from orchestrator.profile.trace import aten_name
+from orchestrator.profile.trace import TraceFailure, aten_name
 from orchestrator.runtime.executor import OpPartition, PlanExecutor, batched_inputs
 from placement.cluster import preset
 from placement.planner import PlanConfig, plan
@@ -104,7 +104,7 @@ def assert_same_buffers(mine: nn.Module, theirs: nn.Module, *, exact_floats: boo
             assert torch.allclose(a, b, atol=1e-6), name
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "mixtral", "bart"])
 def test_transformers_models_profile_plan_and_train_like_one_device(name):
     model = f"{HF}:{name}"
     graph = profiled(model)
@@ -275,6 +275,65 @@ def test_in_place_writes_and_running_statistics_survive_operator_granularity(gra
     assert graph.metadata["capture"] == "export"
     spec = build(model)
     assert_trains_like_one_device(model, graph, spec, granularity=granularity)
+
+
+class ViewWrites(nn.Module):
+    """Writes through views, as HF's encoder-decoders make their decoder inputs
+    (`shifted[:, 1:] = ids[:, :-1]`, then the start token into column 0), and an
+    in-place update of an activation through a transpose and a select."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(40, 16)
+        self.fc = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 40)
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = 3
+        h = self.fc(self.embed(shifted))
+        h.transpose(1, 2)[:, 0] *= 2.0
+        return nn.functional.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
+
+
+def view_writes(preset: str = "tiny") -> ModelSpec:
+    return dataclasses.replace(tied(preset), name="view_writes", module=ViewWrites())
+
+
+@pytest.mark.parametrize("granularity", ["aten", "core-aten"])
+def test_writes_through_views_reach_their_readers(granularity):
+    """torch.export's training IR keeps the writes in place; the op graph must carry
+    them to the base's readers, or the decoder reads zeros and trains on them (BART, in
+    the transformers test above, at `module` granularity)."""
+    model = "tests.orchestrator.test_capture:view_writes"
+    spec = build(model)
+    part, _ = partition(model, granularity=granularity)
+    batch = spec.make_batch(BATCH)
+    assert part.run(batch).item() == pytest.approx(spec.module(*batch).item(), abs=1e-6)
+    assert_trains_like_one_device(model, profiled(model, granularity), spec,
+                                  granularity=granularity)
+
+
+class StaleView(nn.Module):
+    """Reads, after a write, a view of the written tensor taken before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        first = h[:, 0]
+        h[:, 0] = 1.0
+        return ((first - y) ** 2).mean()
+
+
+def test_a_write_a_stale_view_would_see_is_refused_naming_the_fix():
+    module = StaleView()
+    batch = (torch.randn(6, 4), torch.randn(6))
+    with pytest.raises(TraceFailure, match="core-aten"):
+        capture(module, batch, (True, True), granularity="aten")
 
 
 def test_decomposed_granularity_splits_batch_norm_into_its_arithmetic():
