@@ -11,9 +11,10 @@ PEER_GRAPHS = SHARED / "peer-graphs"
 # `make test` runs the test files in two processes (pytest-xdist). A Ray instance either
 # starts writes its address to <RAY_TMPDIR>/ray/ray_current_cluster, and a plain
 # `ray.init()` in the other process would join it instead of starting its own: each
-# process keeps its Ray sessions in a folder of its own.
-if worker := os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["RAY_TMPDIR"] = f"/tmp/ray-{worker}"
+# process keeps its Ray sessions in a folder of its own. A short one: Ray's sockets live
+# under it, and a socket's path may not pass 107 bytes (under a fixture's TMPDIR, such as
+# /tmp/pytest-of-root/pytest-25/workers-tmp0/, the plasma store's passes it).
+os.environ["RAY_TMPDIR"] = f"/tmp/ray-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 @pytest.fixture
