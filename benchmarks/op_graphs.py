@@ -14,10 +14,13 @@ classification loss), batch 8; and T5 (`T5ForConditionalGeneration`, T5-small's 
 tied to the LM head, dropout 0.1 as published, sequence 128, its own shifted LM loss),
 batch 8; a Llama of the same depth and width (`LlamaForCausalLM`: 12 layers of width
 768, 12 query heads sharing 4 key-value heads, SwiGLU of 2,048, rotary positions, RMS
-norms, vocabulary 32,000, untied LM head, sequence 128), batch 8; and ViT-Base/16
+norms, vocabulary 32,000, untied LM head, sequence 128), batch 8; ViT-Base/16
 (`ViTForImageClassification`: 224x224 images in 196 patches, 12 layers of width 768,
-1,000 classes, its own classification loss), batch 8. T5, GPT-2, Llama and ViT are
-models the planner was not tuned on. Each is profiled (`orchestrator.profile.profile_model`,
+1,000 classes, its own classification loss), batch 8; BART-base
+(`BartForConditionalGeneration`: 6 + 6 layers of width 768, its embedding shared by
+encoder, decoder and LM head), batch 8; and a Mixtral mixture of experts of the
+Llama's depth and width (8 experts a layer, 2 per token), batch 8. T5, GPT-2, Llama,
+ViT, BART and Mixtral are models the planner was not tuned on. Each is profiled (`orchestrator.profile.profile_model`,
 `paper` preset, `--device meta`: no weight is allocated (at operator granularity the
 model is captured on fake CPU tensors, so the graph is the one a worker captures), and
 shapes, FLOPs and bytes are exact, times projected by the roofline for cpu, v100, a100
@@ -137,6 +140,27 @@ def t5(preset: str = "paper") -> ModelSpec:
                      make_batch=make_batch, batch=BATCH if tiny else T5_BATCH)
 
 
+def bart(preset: str = "paper") -> ModelSpec:
+    """BART-base's sizes: 6 encoder and 6 decoder layers of width 768, 12 heads, feed
+    forward 3,072, vocabulary 50,265, its embedding shared by the encoder, the decoder
+    and the LM head, dropout 0.1 as published; sequence 128 in and out, batch 8."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(d_model=768, encoder_layers=6, decoder_layers=6,
+                        encoder_attention_heads=12, decoder_attention_heads=12,
+                        encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_position_embeddings=SEQ)
+
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        # Ids 0-3 are BART's special tokens (start, pad, end, unknown): no sample uses them.
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(4, config.vocab_size, (batch, SEQ), generator=generator)
+        return ids.to(device), ids.flip(1).to(device)
+
+    return ModelSpec(name="bart", preset=preset,
+                     module=WithLabels(BartForConditionalGeneration(config), "input_ids"),
+                     make_batch=make_batch, batch=BATCH)
+
+
 def gpt2(preset: str = "paper") -> ModelSpec:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -154,6 +178,21 @@ def llama(preset: str = "paper") -> ModelSpec:
                          num_key_value_heads=4, max_position_embeddings=SEQ)
     return ModelSpec(name="llama", preset=preset,
                      module=WithLabels(LlamaForCausalLM(config), "input_ids"),
+                     make_batch=_next_tokens(LLAMA_VOCAB), batch=BATCH)
+
+
+def mixtral(preset: str = "paper") -> ModelSpec:
+    """A mixture of experts of the Llama's depth and width (`MixtralForCausalLM`: 12
+    layers of width 768, 12 query heads sharing 4 key-value heads, 8 SwiGLU experts of
+    2,048 per layer, 2 chosen per token), vocabulary 32,000, sequence 128, batch 8."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=LLAMA_VOCAB, hidden_size=768, intermediate_size=2048,
+                           num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                           num_local_experts=8, num_experts_per_tok=2,
+                           max_position_embeddings=SEQ)
+    return ModelSpec(name="mixtral", preset=preset,
+                     module=WithLabels(MixtralForCausalLM(config), "input_ids"),
                      make_batch=_next_tokens(LLAMA_VOCAB), batch=BATCH)
 
 
@@ -178,7 +217,7 @@ def vit(preset: str = "paper") -> ModelSpec:
 
 
 MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50, "t5": t5,
-          "gpt2": gpt2, "llama": llama, "vit": vit}
+          "bart": bart, "gpt2": gpt2, "llama": llama, "mixtral": mixtral, "vit": vit}
 
 
 def training_graph(graph: OpGraph) -> OpGraph:
