@@ -127,17 +127,11 @@ def t5(preset: str = "paper") -> ModelSpec:
                       num_layers=2 if tiny else 6, num_decoder_layers=2 if tiny else 6,
                       num_heads=4 if tiny else 8, dropout_rate=0.0,
                       decoder_start_token_id=0, pad_token_id=0)
-    seq = 16 if tiny else SEQ
-
-    def make_batch(batch: int, *, device="cpu", seed: int = 0):
-        # Token 0 is the pad and decoder start token: neither input nor label uses it.
-        generator = torch.Generator().manual_seed(seed)
-        ids = torch.randint(1, config.vocab_size, (batch, seq), generator=generator)
-        return ids.to(device), ids.flip(1).to(device)
-
+    # Token 0 is the pad and decoder start token: neither input nor label uses it.
     return ModelSpec(name="t5", preset=preset,
                      module=WithLabels(T5ForConditionalGeneration(config), "input_ids"),
-                     make_batch=make_batch, batch=BATCH if tiny else T5_BATCH)
+                     make_batch=_reversed_tokens(1, config.vocab_size, 16 if tiny else SEQ),
+                     batch=BATCH if tiny else T5_BATCH)
 
 
 def bart(preset: str = "paper") -> ModelSpec:
@@ -149,16 +143,21 @@ def bart(preset: str = "paper") -> ModelSpec:
     config = BartConfig(d_model=768, encoder_layers=6, decoder_layers=6,
                         encoder_attention_heads=12, decoder_attention_heads=12,
                         encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_position_embeddings=SEQ)
-
-    def make_batch(batch: int, *, device="cpu", seed: int = 0):
-        # Ids 0-3 are BART's special tokens (start, pad, end, unknown): no sample uses them.
-        generator = torch.Generator().manual_seed(seed)
-        ids = torch.randint(4, config.vocab_size, (batch, SEQ), generator=generator)
-        return ids.to(device), ids.flip(1).to(device)
-
+    # Ids 0-3 are BART's special tokens (start, pad, end, unknown): no sample uses them.
     return ModelSpec(name="bart", preset=preset,
                      module=WithLabels(BartForConditionalGeneration(config), "input_ids"),
-                     make_batch=make_batch, batch=BATCH)
+                     make_batch=_reversed_tokens(4, config.vocab_size, SEQ), batch=BATCH)
+
+
+def _reversed_tokens(first: int, vocab: int, seq: int):
+    """Batches of `seq` tokens drawn from ids `first`..`vocab` - 1, each labelled with
+    its own sequence reversed (a translation an encoder-decoder can learn)."""
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(first, vocab, (batch, seq), generator=generator)
+        return ids.to(device), ids.flip(1).to(device)
+
+    return make_batch
 
 
 def gpt2(preset: str = "paper") -> ModelSpec:
