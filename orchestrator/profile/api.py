@@ -347,8 +347,11 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
         own = [p for p in op.params if p not in counted]
         counted.update(own)
         own_bytes = float(sum(params[p].numel() * params[p].element_size() for p in own))
-        # The optimizer step updates the op's parameters once their gradients are final.
-        backward_kernels = cost.backward_kernels + optimizer_kernels(own_bytes)
+        # The optimizer step updates the op's parameters once their gradients are final
+        # (a frozen one has none: the step skips it).
+        backward_kernels = cost.backward_kernels + optimizer_kernels(float(sum(
+            params[p].numel() * params[p].element_size() for p in own
+            if params[p].requires_grad)))
         fwd = {k: op_time_s(cost.forward_kernels, op.kind, d, eff, precision)
                for k, d in projected.items()}
         bwd = {k: op_time_s(backward_kernels, op.kind, d, eff, precision)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from orchestrator.models import MODEL_NAMES, build
+from orchestrator.models import MODEL_NAMES, ModelSpec, build
 from orchestrator.models.layers import LEAF_MODULES, leaf_module
 from orchestrator.profile import TraceFailure, costs, partition, profile_model
 from orchestrator.profile.costs import Kernel, measure_op, reference_env, step_peak_bytes
@@ -285,3 +285,36 @@ def test_projected_backward_counts_the_optimizer_step():
     assert fc.backward_s["v100"] == pytest.approx(without + update, rel=1e-9)
     pool = next(op for op in graph.ops if op.param_bytes == 0 and "pool" in op.name)
     assert pool.backward_s["v100"] > 0
+
+
+class HalfFrozen(nn.Module):
+    """A fine-tuning step: the first layer frozen, as pretrained embeddings often are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(16, 32)
+        self.frozen.requires_grad_(False)
+        self.trained = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.trained(torch.relu(self.frozen(x))), y)
+
+
+def half_frozen(preset: str = "tiny") -> ModelSpec:
+    def make_batch(batch: int, *, device="cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, 16, generator=generator).to(device),
+                torch.randint(0, 4, (batch,), generator=generator).to(device))
+
+    return ModelSpec(name="half_frozen", preset=preset, module=HalfFrozen(),
+                     make_batch=make_batch, batch=8)
+
+
+def test_a_frozen_layer_has_no_backward_and_no_optimizer_step():
+    """Nothing upstream of the frozen layer takes a gradient: its op runs no backward
+    kernel (not even the optimizer's), the trained layer's does."""
+    graph = profile_model("tests.orchestrator.test_profile:half_frozen", device="meta")
+    frozen = next(op for op in graph.ops if "frozen" in op.name)
+    trained = next(op for op in graph.ops if "trained" in op.name)
+    assert frozen.param_bytes > 0 and frozen.backward_s["v100"] == 0
+    assert trained.backward_s["v100"] > 0
