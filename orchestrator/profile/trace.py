@@ -78,7 +78,9 @@ def trace(module: nn.Module, name: str = "model") -> fx.GraphModule:
     try:
         graph = tracer.trace(module)
     except (fx.proxy.TraceError, TypeError, RuntimeError, ValueError,
-            NotImplementedError, AttributeError) as err:
+            NotImplementedError, AttributeError, NameError) as err:
+        # NameError: fx's "module is not installed as a submodule", for a module that
+        # forward calls without owning it (Mamba's kernel-hub layers).
         path, cls = tracer.inside[-1] if tracer.inside else ("<top level>",
                                                              type(module).__name__)
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -83,6 +83,16 @@ def bart(preset: str = "tiny", num_layers: int = 2) -> ModelSpec:
     return _spec("bart", preset, BartForConditionalGeneration(config))
 
 
+def mamba(preset: str = "tiny", num_layers: int = 1) -> ModelSpec:
+    """A state-space model: its forward calls a module it does not own (a kernel-hub
+    layer), which fx cannot trace."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    config = MambaConfig(num_hidden_layers=num_layers, hidden_size=32, state_size=8,
+                         vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return _spec("mamba", preset, MambaForCausalLM(config))
+
+
 def vit(preset: str = "tiny") -> ModelSpec:
     """ViT, whose position embeddings are drawn by `trunc_normal_`."""
     from transformers import ViTConfig, ViTForImageClassification
