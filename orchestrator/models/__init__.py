@@ -27,6 +27,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -159,6 +160,16 @@ def with_loss(model: nn.Module, loss_fn: Callable, num_tensors: int) -> WithLoss
     return cls(model, loss_fn)
 
 
+def _builder_failed(ref: str, err: Exception) -> UserError:
+    """The user's builder raised: the error and where, in one line (the builder is the
+    user's code, so the failure is theirs to fix, and its traceback is one call away)."""
+    where = traceback.extract_tb(err.__traceback__)[-1]
+    message = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+    return UserError(f"{ref} raised {type(err).__name__}{': ' + message if message else ''} "
+                     f"(at {where.filename}:{where.lineno}): fix the function; calling it "
+                     "alone shows the whole traceback")
+
+
 def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
     fn = _builder(ref)
     torch.manual_seed(seed)
@@ -172,7 +183,7 @@ def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
     except (NotImplementedError, RuntimeError) as err:
         in_fake_mode = torch._guards.detect_fake_mode() is not None
         if str(device) != "meta" and not in_fake_mode:
-            raise
+            raise _builder_failed(ref, err) from err
         built = _built_on_meta(call, device or "cpu") if in_fake_mode else None
         if built is None:
             # Meta tensors have shapes and no values: a builder that reads or makes
@@ -182,6 +193,10 @@ def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
                             f"({type(err).__name__}: "
                             f"{str(err).strip().splitlines()[0][:160]}): profile it where "
                             "its tensors hold values, --device cpu (or cuda)") from err
+    except UserError:
+        raise
+    except Exception as err:
+        raise _builder_failed(ref, err) from err
     if isinstance(built, ModelSpec):
         if built.name in _MODELS:
             raise UserError(f"{ref} returned a ModelSpec named {built.name!r}, the name of a "

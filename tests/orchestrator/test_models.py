@@ -122,6 +122,30 @@ def test_a_builder_gets_the_preset_only_through_a_parameter_named_preset():
         build("tests.orchestrator.test_models:needs_width")
 
 
+def builder_with_a_bug():
+    sizes = [16, 32]
+    return nn.Linear(sizes[2], 1), lambda n: (torch.randn(n, 16),)
+
+
+def builder_with_a_runtime_error():
+    return nn.Linear(4, 1)(torch.randn(2, 5)), lambda n: (torch.randn(n, 4),)
+
+
+def test_a_builder_that_raises_is_one_line_naming_the_error_and_where(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    with pytest.raises(UserError, match=r"builder_with_a_bug raised IndexError: list index "
+                       r"out of range \(at .*test_models.py:\d+\): fix the function"):
+        build("tests.orchestrator.test_models:builder_with_a_bug")
+    # A RuntimeError off the meta device is the builder's too.
+    with pytest.raises(UserError, match="builder_with_a_runtime_error raised RuntimeError"):
+        build("tests.orchestrator.test_models:builder_with_a_runtime_error")
+    code = main(["profile", "--model", "tests.orchestrator.test_models:builder_with_a_bug",
+                 "--out", str(tmp_path / "g.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "IndexError" in err
+
+
 def test_a_user_model_takes_its_batch_from_the_run_or_its_spec():
     pair = build("tests.orchestrator.user_models:mlp_pair")
     assert pair.batch is None and pair.batch_size(24) == 24
