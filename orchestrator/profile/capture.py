@@ -177,14 +177,14 @@ def _loss_module(gm: fx.GraphModule, name: str) -> fx.GraphModule:
 
 def _out_of_place(graph: fx.Graph, name: str) -> None:
     """Replace each in-place operator on an activation (`hidden += residual` in HF's
-    ResNet, `ReLU(inplace=True)`) by its out-of-place form, its later readers reading the
-    result. An op boundary hands the next op a detached copy of each input, which an
-    in-place write may not modify, and the write would not reach the other readers
-    anyway. A write into a view (`shifted[:, 1:] = ids[:, :-1]`, as the decoder inputs
-    of BART and T5 are made) becomes its value scattered back into the view's base
-    (`slice_scatter`, ...), which the base's later readers read: what functionalization
-    does, which torch.export only runs together with decompositions that would change
-    the ops of this IR. Writes into buffers (running statistics) stay as they are."""
+    ResNet, `ReLU(inplace=True)`, `shifted[:, 1:] = ids[:, :-1]` as BART and T5 make
+    their decoder inputs) by its out-of-place form. An op boundary hands the next op a
+    detached copy of each input, which an in-place write may not modify, and the write
+    would not reach the other readers anyway. What torch's functionalization does (which
+    torch.export only runs together with decompositions that would change the ops of
+    this IR): a write into a view is scattered back into the view's base (`slice_scatter`,
+    ...), and whatever reads the base or a view of it after the write reads the new base
+    or the same view taken of it. Writes into buffers (running statistics) stay."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     for node in list(graph.nodes):
         packet_name = aten_name(node)
@@ -201,17 +201,59 @@ def _out_of_place(graph: fx.Graph, name: str) -> None:
         with graph.inserting_after(node):
             result = graph.call_function(functional, node.args, node.kwargs)
         result.meta = dict(node.meta)
+        fresh = {result}
+        value = result
+        for view, base in zip(reversed(chain[1:]), reversed(chain[:-1])):
+            with graph.inserting_after(value):
+                value = _scatter(graph, view, base, value, name)
+            value.meta = dict(node.meta)
+            fresh.add(value)
         node.replace_all_uses_with(result)
-        _read_after(written, result, node, order)
-        if len(chain) > 1:
-            _check_no_stale_views(chain[0], set(chain), node, order, name)
-            value = result
-            for view, base in zip(reversed(chain[1:]), reversed(chain[:-1])):
-                with graph.inserting_after(value):
-                    value = _scatter(graph, view, base, value, name)
-                value.meta = dict(node.meta)
-            _read_after(chain[0], value, node, order)
+        _rebind(graph, chain[0], value, node, order, fresh)
         graph.erase_node(node)
+
+
+def _is_view(node: fx.Node) -> bool:
+    return (isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+            and bool(node.args) and isinstance(node.args[0], fx.Node))
+
+
+def _view_chain(node: fx.Node) -> list[fx.Node]:
+    """[base, view, view of view, ..., node]: the views `node` is taken through."""
+    chain = [node]
+    while _is_view(chain[0]):
+        chain.insert(0, chain[0].args[0])
+    return chain
+
+
+def _rebind(graph: fx.Graph, base: fx.Node, new_base: fx.Node, write: fx.Node,
+            order: dict, fresh: set) -> None:
+    """The model's readers that run after `write` (in the graph's order) of `base`, or
+    of a view of it taken before the write, read `new_base` or that view taken again of
+    `new_base`. Nodes this pass added are none of the model's readers; those of earlier
+    writes (`new_base` of one is often a view) are views of `base` taken before this
+    write, those of this one (`fresh`: its value, scattered back) are not."""
+    again = {base: new_base}
+
+    def taken_again(view: fx.Node) -> fx.Node:
+        if view not in again:
+            parent = taken_again(view.args[0])
+            with graph.inserting_after(parent):
+                again[view] = graph.call_function(view.target, (parent, *view.args[1:]),
+                                                  dict(view.kwargs))
+            again[view].meta = dict(view.meta)
+        return again[view]
+
+    stack = [base]
+    while stack:
+        alias = stack.pop()
+        for reader in list(alias.users):
+            if reader in fresh:
+                continue
+            if order.get(reader, -1) > order[write]:
+                reader.replace_input_with(alias, taken_again(alias))
+            elif _is_view(reader) and reader.args[0] is alias:
+                stack.append(reader)
 
 
 def _differentiable_copies(graph: fx.Graph) -> None:
@@ -228,40 +270,6 @@ def _differentiable_copies(graph: fx.Graph) -> None:
         value.meta = cast.meta = dict(node.meta)
         node.replace_all_uses_with(cast)
         graph.erase_node(node)
-
-
-def _view_chain(node: fx.Node) -> list[fx.Node]:
-    """[base, view, view of view, ..., node]: the views `node` is taken through."""
-    chain = [node]
-    while (isinstance(chain[0].target, torch._ops.OpOverload) and chain[0].target.is_view
-           and isinstance(chain[0].args[0], fx.Node)):
-        chain.insert(0, chain[0].args[0])
-    return chain
-
-
-def _read_after(old: fx.Node, new: fx.Node, write: fx.Node, order: dict) -> None:
-    """Readers of `old` that run after `write` (in the graph's order; nodes this pass
-    added are not readers of the model's) read `new`."""
-    for reader in list(old.users):
-        if order.get(reader, -1) > order[write]:
-            reader.replace_input_with(old, new)
-
-
-def _check_no_stale_views(base: fx.Node, chain: set, write: fx.Node, order: dict,
-                          name: str) -> None:
-    """A view of `base` taken before `write` and read after it would see the write in
-    eager PyTorch, not in the rewritten graph."""
-    stack = [u for u in base.users if u not in chain]
-    while stack:
-        view = stack.pop()
-        if not (isinstance(view.target, torch._ops.OpOverload) and view.target.is_view):
-            continue
-        if order.get(view, len(order)) < order[write] and any(
-                order.get(u, len(order)) > order[write] for u in view.users):
-            raise TraceFailure(f"cannot capture {name}: {write.name} writes into a tensor "
-                               f"that {view.name}, a view taken earlier, reads after the write",
-                               "use --granularity core-aten")
-        stack.extend(view.users)
 
 
 def _scatter(graph: fx.Graph, view: fx.Node, base: fx.Node, value: fx.Node,
@@ -281,10 +289,15 @@ def _scatter(graph: fx.Graph, view: fx.Node, base: fx.Node, value: fx.Node,
                                    view.kwargs)
     if kind in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias"):
         return graph.call_function(aten.reshape_as.default, (value, base))
-    if kind == "transpose":
-        return graph.call_function(aten.transpose.int, (value, *args))
-    raise TraceFailure(f"cannot capture {name}: an in-place write into a {kind} view "
-                       f"({view.name})", "use --granularity core-aten")
+    if kind in ("transpose", "t"):
+        return graph.call_function(view.target, (value, *args))
+    if kind == "permute":
+        dims = list(args[0])
+        inverse = [dims.index(d) for d in range(len(dims))]
+        return graph.call_function(aten.permute.default, (value, inverse))
+    raise TraceFailure(f"cannot capture {name}: an in-place write through aten.{kind} "
+                       f"({view.name}), a view this capture cannot write back",
+                       "use --granularity core-aten")
 
 
 def _snapshot_mutated_buffers(graph: fx.Graph) -> None:

@@ -279,8 +279,9 @@ def test_in_place_writes_and_running_statistics_survive_operator_granularity(gra
 
 class ViewWrites(nn.Module):
     """Writes through views, as HF's encoder-decoders make their decoder inputs
-    (`shifted[:, 1:] = ids[:, :-1]`, then the start token into column 0), and an
-    in-place update of an activation through a transpose and a select."""
+    (`shifted[:, 1:] = ids[:, :-1]`, then the start token into column 0), and in-place
+    updates of an activation through views of views (`x[i] *= 2` is a write and then a
+    copy into a second view), read after them through a view taken before."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -293,7 +294,11 @@ class ViewWrites(nn.Module):
         shifted[:, 1:] = ids[:, :-1].clone()
         shifted[:, 0] = 3
         h = self.fc(self.embed(shifted))
+        first = h[:, 0]
         h.transpose(1, 2)[:, 0] *= 2.0
+        h.permute(2, 0, 1)[1:3] += 1.0
+        # A view taken before the writes sees them.
+        h = h + first.unsqueeze(1)
         return nn.functional.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
 
 
@@ -315,25 +320,23 @@ def test_writes_through_views_reach_their_readers(granularity):
                                   granularity=granularity)
 
 
-class StaleView(nn.Module):
-    """Reads, after a write, a view of the written tensor taken before it."""
+class UnfoldWrite(nn.Module):
+    """Writes through `unfold`, a view the capture does not write back."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.fc = nn.Linear(4, 1)
+        self.fc = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
-        first = h[:, 0]
-        h[:, 0] = 1.0
-        return ((first - y) ** 2).mean()
+        h.unfold(1, 2, 2)[..., 0] = 0.0
+        return ((h.sum(1) - y) ** 2).mean()
 
 
-def test_a_write_a_stale_view_would_see_is_refused_naming_the_fix():
-    module = StaleView()
+def test_a_write_the_capture_cannot_carry_back_is_refused_naming_the_fix():
     batch = (torch.randn(6, 4), torch.randn(6))
     with pytest.raises(TraceFailure, match="core-aten"):
-        capture(module, batch, (True, True), granularity="aten")
+        capture(UnfoldWrite(), batch, (True, True), granularity="aten")
 
 
 def test_decomposed_granularity_splits_batch_norm_into_its_arithmetic():
