@@ -292,7 +292,7 @@ def _scatter(graph: fx.Graph, view: fx.Node, base: fx.Node, value: fx.Node,
     if kind in ("transpose", "t"):
         return graph.call_function(view.target, (value, *args))
     if kind == "permute":
-        dims = list(args[0])
+        dims = [d % len(args[0]) for d in args[0]]
         inverse = [dims.index(d) for d in range(len(dims))]
         return graph.call_function(aten.permute.default, (value, inverse))
     raise TraceFailure(f"cannot capture {name}: an in-place write through aten.{kind} "

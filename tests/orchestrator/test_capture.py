@@ -296,7 +296,7 @@ class ViewWrites(nn.Module):
         h = self.fc(self.embed(shifted))
         first = h[:, 0]
         h.transpose(1, 2)[:, 0] *= 2.0
-        h.permute(2, 0, 1)[1:3] += 1.0
+        h.permute(-1, 0, 1)[1:3] += 1.0
         # A view taken before the writes sees them.
         h = h + first.unsqueeze(1)
         return nn.functional.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
