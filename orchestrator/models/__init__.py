@@ -194,7 +194,7 @@ def _build_user(ref: str, preset: str, device, seed: int) -> ModelSpec:
                             f"{str(err).strip().splitlines()[0][:160]}): profile it where "
                             "its tensors hold values, --device cpu (or cuda)") from err
     except UserError:
-        raise
+        raise  # a builder that calls this package's API keeps that API's message
     except Exception as err:
         raise _builder_failed(ref, err) from err
     if isinstance(built, ModelSpec):

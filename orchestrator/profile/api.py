@@ -346,12 +346,12 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
     for op, cost in zip(part.ops, costs):
         own = [p for p in op.params if p not in counted]
         counted.update(own)
-        own_bytes = float(sum(params[p].numel() * params[p].element_size() for p in own))
+        sizes = {p: float(params[p].numel() * params[p].element_size()) for p in own}
+        own_bytes = sum(sizes.values(), 0.0)
         # The optimizer step updates the op's parameters once their gradients are final
         # (a frozen one has none: the step skips it).
-        backward_kernels = cost.backward_kernels + optimizer_kernels(float(sum(
-            params[p].numel() * params[p].element_size() for p in own
-            if params[p].requires_grad)))
+        backward_kernels = cost.backward_kernels + optimizer_kernels(
+            sum((size for p, size in sizes.items() if params[p].requires_grad), 0.0))
         fwd = {k: op_time_s(cost.forward_kernels, op.kind, d, eff, precision)
                for k, d in projected.items()}
         bwd = {k: op_time_s(backward_kernels, op.kind, d, eff, precision)

@@ -149,10 +149,11 @@ def reference_env(part: Partition, batch: tuple[torch.Tensor, ...]) -> dict[str,
     with no derivative (`cumsum` to int32), which autograd refuses."""
     with torch.no_grad():
         env = part.inputs_env(batch)
-    for op in part.ops:
-        with torch.enable_grad():
+    with torch.enable_grad():
+        for op in part.ops:
             part.run_op(op.id, env)
-        env.update((name, tree_map_only(torch.Tensor, _leaf, env[name])) for name in op.nodes)
+            env.update((name, tree_map_only(torch.Tensor, _leaf, env[name]))
+                       for name in op.nodes)
     return env
 
 
