@@ -182,6 +182,7 @@ def _contract(fine: OpGraph, piece_of_op: Mapping[int, tuple]) -> Coarsening:
             is_backward=backward,
             output_bytes=max((op.output_bytes for op in leaving), default=0.0),
             param_bytes=sum(op.param_bytes for op in members),
+            frozen_bytes=sum(op.frozen_bytes for op in members),
             activation_bytes=sum(op.activation_bytes for op in members),
             colocation=f"cluster{cluster}",
             transfer_s=max(transfers) if transfers else None,

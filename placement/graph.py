@@ -42,6 +42,9 @@ class Op:
     """Bytes of the op's output tensor(s), sent once to each consumer device."""
     param_bytes: float = 0.0
     """Bytes of the parameters attributed to this op."""
+    frozen_bytes: float = 0.0
+    """Bytes of those parameters that do not train (`requires_grad` off): they have no
+    gradient to allreduce and no optimizer step or state, only their weights."""
     activation_bytes: float = 0.0
     """Bytes the op keeps on its device for the backward pass (per full batch)."""
     colocation: str | None = None
@@ -52,6 +55,11 @@ class Op:
     attrs: Mapping[str, object] = field(default_factory=dict)
     """Plain JSON data about the op for planners that need it, e.g. `layer_kind`
     ('conv2d', 'linear', 'lstm', ...), `output_shape`, `forward_flops`, `module`."""
+
+    @property
+    def trainable_bytes(self) -> float:
+        """Bytes of the op's parameters that train."""
+        return self.param_bytes - self.frozen_bytes
 
     def time_s(self, kind: str, backward: bool = False) -> float:
         times = self.backward_s if backward else self.forward_s
@@ -180,8 +188,13 @@ def validate(graph: OpGraph) -> None:
             _check_number(t, f"op {op.id} ({op.name}) forward time on {kind}")
         for kind, t in op.backward_s.items():
             _check_number(t, f"op {op.id} ({op.name}) backward time on {kind}")
-        for attr in ("output_bytes", "param_bytes", "activation_bytes", "transfer_s"):
+        for attr in ("output_bytes", "param_bytes", "frozen_bytes", "activation_bytes",
+                     "transfer_s"):
             _check_number(getattr(op, attr), f"op {op.id} ({op.name}) {attr}")
+        if op.frozen_bytes > op.param_bytes:
+            raise GraphError(f"op {op.id} ({op.name}) has frozen_bytes {op.frozen_bytes:g} "
+                             f"over its param_bytes {op.param_bytes:g}: frozen parameters "
+                             "are a part of its parameters")
     for e in graph.edges:
         for end in (e.src, e.dst):
             if end not in seen:

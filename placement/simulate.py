@@ -456,11 +456,12 @@ def order_by_start(tg: TaskGraph, dev: np.ndarray, start: np.ndarray,
 
 def memory_bytes(tg: TaskGraph, group_device: np.ndarray, num_devices: int,
                  param_state_factor: float) -> np.ndarray:
-    """Per device: parameters x `param_state_factor` (weights, gradients, optimizer
-    state) plus the activations its ops keep for the backward pass."""
+    """Per device: trainable parameters x `param_state_factor` (weights, gradients,
+    optimizer state), frozen ones once (weights only), plus the activations its ops
+    keep for the backward pass."""
     graph = tg.graph
-    per_op = np.array([op.param_bytes * param_state_factor + op.activation_bytes
-                       for op in graph.ops])
+    per_op = np.array([op.trainable_bytes * param_state_factor + op.frozen_bytes
+                       + op.activation_bytes for op in graph.ops])
     op_group = np.array([tg.group_of_op[op.id] for op in graph.ops], dtype=np.int64)
     return np.bincount(group_device[op_group], weights=per_op,
                        minlength=num_devices).astype(float)

@@ -72,6 +72,7 @@ def summary(graph: OpGraph, target: str) -> str:
     md = graph.metadata
     step_s = single_device_step_s(graph, target)
     flops = md["forward_flops"] + md["backward_flops"]
+    frozen = sum(op.frozen_bytes for op in graph.ops)
     kinds: dict[str, int] = {}
     for op in graph.ops:
         kind = str(op.attrs["layer_kind"])
@@ -83,7 +84,8 @@ def summary(graph: OpGraph, target: str) -> str:
         f"{len(graph.edges)} edges, batch {md['batch']}"
         + (f", {md['seq_chunk']} time steps per op" if md.get("seq_chunk") else ""),
         "  ops by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
-        f"  parameters {md['param_bytes'] / 4:,.0f} ({md['param_bytes'] / 2**20:,.1f} MiB)"
+        f"  parameters {md['param_bytes'] / 4:,.0f} ({md['param_bytes'] / 2**20:,.1f} MiB"
+        f"{f', {frozen / 2**20:,.1f} MiB frozen' if frozen else ''})"
         f"   step peak memory {md['step_peak_bytes'] / 2**20:,.1f} MiB",
         f"  FLOPs per step {flops:.4g} (forward {md['forward_flops']:.4g})",
         f"  predicted single-device step time on {target}: {step_s * 1e3:.4g} ms "

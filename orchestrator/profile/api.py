@@ -348,10 +348,11 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
         counted.update(own)
         sizes = {p: float(params[p].numel() * params[p].element_size()) for p in own}
         own_bytes = sum(sizes.values(), 0.0)
+        frozen_bytes = sum((size for p, size in sizes.items()
+                            if not params[p].requires_grad), 0.0)
         # The optimizer step updates the op's parameters once their gradients are final
         # (a frozen one has none: the step skips it).
-        backward_kernels = cost.backward_kernels + optimizer_kernels(
-            sum((size for p, size in sizes.items() if params[p].requires_grad), 0.0))
+        backward_kernels = cost.backward_kernels + optimizer_kernels(own_bytes - frozen_bytes)
         fwd = {k: op_time_s(cost.forward_kernels, op.kind, d, eff, precision)
                for k, d in projected.items()}
         bwd = {k: op_time_s(backward_kernels, op.kind, d, eff, precision)
@@ -380,7 +381,7 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
         ops.append(Op(
             id=op.id, name=op.name, forward_s=fwd, backward_s=bwd,
             output_bytes=sum(_value_bytes(env[n]) for n in op.outputs),
-            param_bytes=own_bytes,
+            param_bytes=own_bytes, frozen_bytes=frozen_bytes,
             activation_bytes=acts[op.id], colocation=colocation.get(op.id),
             attrs=attrs))
     edges = tuple(Edge(src=s, dst=d, bytes=sum(_value_bytes(env[n]) for n in names))

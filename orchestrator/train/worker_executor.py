@@ -44,11 +44,14 @@ def build_executor(model: str, *, preset: str, seed: int, plan: Plan,
 
 def _params_by_device(part: OpPartition, assignment: Mapping[int, int],
                       num_devices: int) -> list[list[torch.nn.Parameter]]:
-    """Each device's parameters (the bucket it allreduces), as `place_module` put them."""
+    """Each device's trainable parameters (the bucket it allreduces), as `place_module`
+    put them: a frozen one has no gradient to average (DDP leaves it out too), and a
+    zero gradient installed on it would let weight decay move it."""
     owners = tensor_owners(part)
     buckets: list[list[torch.nn.Parameter]] = [[] for _ in range(num_devices)]
     for name, param in part.module.named_parameters():
-        buckets[assignment[owners[name]] if name in owners else 0].append(param)
+        if param.requires_grad:
+            buckets[assignment[owners[name]] if name in owners else 0].append(param)
     return buckets
 
 

@@ -4,9 +4,10 @@ Contract with the profiler (see `Op.attrs`): `layer_kind` (conv2d, linear, lstm,
 embedding, pool, norm, elementwise, concat, attention, softmax, loss, other),
 `output_shape` (batch-first list of ints, e.g. [N, C, H, W] or [N, F]), optionally
 `input_shapes`, `weight_shape` ([C_out, C_in, kh, kw] for conv2d) and `kernel_size`
-(int or [kh, kw], for pools); times come from `Op.forward_s` / `Op.backward_s` and weights from
-`Op.param_bytes`. An op without a usable `output_shape` is treated as a batch-first
-tensor of unknown size: only its sample dimension may be split.
+(int or [kh, kw], for pools); times come from `Op.forward_s` / `Op.backward_s` and
+weights from `Op.trainable_bytes` (a frozen weight is never synchronised). An op
+without a usable `output_shape` is treated as a batch-first tensor of unknown size:
+only its sample dimension may be split.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Layer:
     compute_s: float
     """Forward + backward seconds on one device, whole batch (t_c at degree 1)."""
     param_bytes: float
+    """Bytes of trainable weights: what a replica's allreduce moves."""
     output_bytes: float
     kernel: tuple[int, int] = (1, 1)
     """Window (kh, kw) each output pixel reads: a spatial split's tiles need halos."""
@@ -117,7 +119,7 @@ def layer_of(op: Op, device_kind: str) -> Layer:
     dims = tuple(d for d in DIMS if d in allowed and d in axes)
     compute_s = op.time_s(device_kind) + op.time_s(device_kind, backward=True)
     return Layer(op_id=op.id, name=op.name, kind=kind, shape=shape, axes=axes, dims=dims,
-                 compute_s=compute_s, param_bytes=op.param_bytes,
+                 compute_s=compute_s, param_bytes=op.trainable_bytes,
                  output_bytes=op.output_bytes, kernel=_kernel(op))
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from placement.cluster import ClusterSpec
 from placement.errors import UserError
-from placement.graph import OpGraph
+from placement.graph import Op, OpGraph
 from placement.plan import Plan
 from placement.simulate import evaluate_order, memory_bytes
 from placement.tasks import Task, TaskGraph, build_tasks, corun_slowdown, split_overhead
@@ -83,10 +83,11 @@ def scale_graph(graph: OpGraph, compute_factor: float, data_factor: float) -> Op
     return replace(graph, ops=ops, edges=edges)
 
 
-def gradient_bytes(op_param_bytes: float, attrs: dict) -> float:
-    """Bytes of gradient an op's device allreduces: its parameters, unless the profiler
-    recorded fewer (`attrs["gradient_bytes"]`: a sparse embedding gradient)."""
-    return float(attrs.get("gradient_bytes", op_param_bytes))
+def gradient_bytes(op: Op) -> float:
+    """Bytes of gradient an op's device allreduces: its trainable parameters, unless
+    the profiler recorded fewer (`attrs["gradient_bytes"]`: a sparse embedding
+    gradient)."""
+    return float(op.attrs.get("gradient_bytes", op.trainable_bytes))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +105,8 @@ class WorkerStep:
     gradient_bytes: float
     """Gradient bytes of the device holding the most: what its allreduce moves."""
     param_bytes: float
-    """Parameter bytes of the device holding the most: what its optimizer updates."""
+    """Trainable parameter bytes of the device holding the most: what its optimizer
+    updates."""
     memory_bytes: float
     """Memory of the fullest device: parameters x state factor + activations."""
 
@@ -150,9 +152,9 @@ def worker_step(graph: OpGraph, plan: Plan, cluster: ClusterSpec, batch: float,
                                 minlength=plan.num_devices)
     op_device = np.array([plan.assignment[op.id] for op in graph.ops], dtype=np.int64)
     grads = np.bincount(op_device, minlength=plan.num_devices, weights=np.array(
-        [gradient_bytes(op.param_bytes, dict(op.attrs)) for op in graph.ops]))
+        [gradient_bytes(op) for op in graph.ops]))
     params = np.bincount(op_device, minlength=plan.num_devices,
-                         weights=np.array([op.param_bytes for op in graph.ops]))
+                         weights=np.array([op.trainable_bytes for op in graph.ops]))
     memory = memory_bytes(tg, group_device, plan.num_devices, param_state_factor)
     return WorkerStep(
         mp_degree=plan.num_devices, batch=batch, num_micro_batches=k,

@@ -78,3 +78,24 @@ def _compare(rank: int, kind: str) -> None:
 @pytest.mark.parametrize("kind", ["ddp", "per_device"])
 def test_averaged_gradients_and_norms_match_each_ranks_plain_gradient(tmp_path, kind):
     mp.spawn(_check, args=(str(tmp_path / "store"), kind), nprocs=WORLD)
+
+
+def test_a_frozen_parameter_is_in_no_devices_bucket():
+    """Fine-tuning split over two devices: only trainable parameters are averaged (a
+    zero gradient sent for a frozen one costs traffic, and installed on it, lets
+    weight decay move it), each in the bucket of the device its op sits on."""
+    from orchestrator.train.config import TrainConfig
+    from orchestrator.train.planning import plan_worker
+    from orchestrator.train.worker_executor import build_executor, gradient_sync
+
+    model = "tests.orchestrator.test_profile:half_frozen"
+    plan = plan_worker(TrainConfig(model=model, mp_degree=2, num_micro_batches=1,
+                                   global_batch=8), time_limit_s=2)
+    devices = [torch.device("cpu")] * 2
+    planned = build_executor(model, preset="tiny", seed=0, plan=plan, devices=devices,
+                             num_micro_batches=1)
+    sync = gradient_sync(planned, plan, devices, world=1)
+    module = planned.op_partition.module
+    trained = {id(p) for p in module.parameters() if p.requires_grad}
+    bucketed = [id(p) for bucket in sync.params_by_device for p in bucket]
+    assert sorted(bucketed) == sorted(trained) and len(trained) == 2

@@ -312,9 +312,12 @@ def half_frozen(preset: str = "tiny") -> ModelSpec:
 
 def test_a_frozen_layer_has_no_backward_and_no_optimizer_step():
     """Nothing upstream of the frozen layer takes a gradient: its op runs no backward
-    kernel (not even the optimizer's), the trained layer's does."""
+    kernel (not even the optimizer's), the trained layer's does; the graph records
+    which parameter bytes are frozen (no allreduce, no optimizer state)."""
     graph = profile_model("tests.orchestrator.test_profile:half_frozen", device="meta")
     frozen = next(op for op in graph.ops if "frozen" in op.name)
     trained = next(op for op in graph.ops if "trained" in op.name)
     assert frozen.param_bytes > 0 and frozen.backward_s["v100"] == 0
+    assert frozen.frozen_bytes == frozen.param_bytes == (16 * 32 + 32) * 4
     assert trained.backward_s["v100"] > 0
+    assert trained.frozen_bytes == 0 and trained.trainable_bytes == (32 * 4 + 4) * 4

@@ -20,6 +20,22 @@ def test_round_trip_of_our_format(tmp_path):
     assert graph_to_dict(again) == graph_to_dict(g)
 
 
+def test_frozen_bytes_round_trip_and_never_pass_the_parameters(tmp_path):
+    g = chain_graph([1.0, 2.0, 3.0])
+    ops = list(g.ops)
+    ops[1] = dataclasses.replace(ops[1], param_bytes=8.0, frozen_bytes=6.0)
+    g = dataclasses.replace(g, ops=tuple(ops))
+    save_graph(g, tmp_path / "g.json")
+    again = load_graph(tmp_path / "g.json")
+    assert again.op(ops[1].id).frozen_bytes == 6.0
+    assert again.op(ops[1].id).trainable_bytes == 2.0
+    raw = json.loads((tmp_path / "g.json").read_text())
+    raw["ops"][1]["frozen_bytes"] = 9.0
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(GraphError, match="frozen_bytes 9 over its param_bytes 8"):
+        load_graph(tmp_path / "bad.json")
+
+
 def test_peer_import_keeps_ids_units_and_colour_classes(peer_graphs):
     g = load_graph(peer_graphs / "bert24_training.json")
     raw = json.loads((peer_graphs / "bert24_training.json").read_text())

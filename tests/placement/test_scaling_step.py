@@ -1,5 +1,7 @@
 """Worker step at a per-worker batch: the batch rule and the plan re-simulation."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,6 +69,20 @@ def test_single_device_worker_hand_computed():
     assert w.memory_bytes == pytest.approx(4 * 100 * MB + 2 * 4 * 8 * MB)
     small = worker_step(g, p, CLUSTER, 2, rule)
     assert small.compute_s == pytest.approx(0.3 * 8 / 32)  # the floor
+
+
+def test_frozen_parameters_are_not_allreduced_updated_or_given_state():
+    """Fine-tuning: a frozen op's weights take memory once, with no gradient to
+    allreduce and nothing for the optimizer."""
+    g = chain(with_transfers=False)
+    g = dataclasses.replace(g, ops=tuple(
+        dataclasses.replace(op, frozen_bytes=op.param_bytes) if op.id in (1, 2) else op
+        for op in g.ops))
+    p = plan(g, CLUSTER, PlanConfig(num_devices=1))
+    w = worker_step(g, p, CLUSTER, 32, BatchRule(profiled_batch=32, min_efficient_batch=8))
+    assert w.gradient_bytes == pytest.approx(1 * MB + 40 * MB)
+    assert w.param_bytes == pytest.approx((10 + 40) * MB)
+    assert w.memory_bytes == pytest.approx(4 * 50 * MB + (20 + 30) * MB + 4 * 8 * MB)
 
 
 def test_split_worker_holds_a_share_of_the_gradients():
