@@ -30,9 +30,12 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sysconfig
 import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import fx, nn
@@ -97,12 +100,15 @@ def export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[b
             exported = torch.export.export(module, tuple(batch), strict=False,
                                            dynamic_shapes=dynamic)
     except _EXPORT_ERRORS as err:
+        where = _model_line(err)
+        at = f" at {where}" if where else ""
+        fix = (f"make the step's Python control flow{' there' if where else ''} depend "
+               "on shapes only, not on tensor values")
         if fx_failure is None:
-            raise TraceFailure(f"cannot capture {name}: torch.export failed: "
-                               f"{_first_line(err)}", "make the step's Python control flow "
-                               "depend on shapes only, not on tensor values") from None
-        raise TraceFailure(f"{fx_failure.problem}; torch.export failed too: "
-                           f"{_first_line(err)}", fx_failure.fix) from None
+            raise TraceFailure(f"cannot capture {name}: torch.export failed{at}: "
+                               f"{_first_line(err)}", fix) from None
+        raise TraceFailure(f"{fx_failure.problem}; torch.export failed too{at}: "
+                           f"{_first_line(err)}", f"{fx_failure.fix}, or {fix}") from None
     if granularity in ("core-aten", "decomposed"):
         try:
             with _quiet():
@@ -136,6 +142,27 @@ _EXPORT_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError, Attr
 
 def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _model_line(err: Exception) -> str | None:
+    """Where in the model's own code torch.export failed: the innermost frame outside
+    torch, Python's standard library and this package (non-strict export runs the
+    model's Python, so its frames are in the traceback), as file:line, a library's
+    file named from its package; None where the failure is in no such frame."""
+    skipped = (Path(torch.__file__).parent, Path(__file__).parents[1],
+               Path(sysconfig.get_paths()["stdlib"]))
+    found = None
+    for frame, line in traceback.walk_tb(err.__traceback__):
+        path = Path(frame.f_code.co_filename)
+        if path.is_absolute() and not any(path.is_relative_to(s) for s in skipped):
+            found = path, line
+    if found is None:
+        return None
+    path, line = found
+    parts = path.parts
+    if "site-packages" in parts:
+        path = Path(*parts[len(parts) - parts[::-1].index("site-packages"):])
+    return f"{path}:{line}"
 
 
 @contextlib.contextmanager

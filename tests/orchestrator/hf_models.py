@@ -110,3 +110,33 @@ def vit(preset: str = "tiny") -> ModelSpec:
     return ModelSpec(name="vit", preset=preset,
                      module=WithLabels(ViTForImageClassification(config), "pixel_values"),
                      make_batch=make_images, batch=BATCH)
+
+
+def deberta(preset: str = "tiny", problem_type: str | None = "single_label_classification"
+            ) -> ModelSpec:
+    """DeBERTa-v2 classifying sequences, with relative attention. Left to guess its
+    loss (`problem_type` None), it drops ignored labels through a data-dependent branch
+    (`if label_index.size(0) > 0`), which torch.export cannot capture."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    config = DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                             num_attention_heads=2, intermediate_size=64,
+                             max_position_embeddings=SEQ, num_labels=CLASSES,
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                             relative_attention=True, pos_att_type=["p2c", "c2p"],
+                             problem_type=problem_type)
+
+    def make_sequences(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, VOCAB, (batch, SEQ), generator=generator)
+        labels = torch.randint(0, CLASSES, (batch,), generator=generator)
+        return ids.to(device), labels.to(device)
+
+    return ModelSpec(name="deberta", preset=preset,
+                     module=WithLabels(DebertaV2ForSequenceClassification(config),
+                                       "input_ids"),
+                     make_batch=make_sequences, batch=BATCH)
+
+
+def deberta_guessing_its_loss(preset: str = "tiny") -> ModelSpec:
+    return deberta(preset, problem_type=None)

@@ -73,7 +73,11 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     assert len(err.strip().splitlines()) == 1, err
     assert message in err
     if "Gate" in message:
-        assert "leaf_module" in err
+        # Both fixes: the leaf for fx, and for torch.export the model's line it failed at.
+        gate = Path(__file__).read_text().splitlines().index(
+            "            return x if x.sum() > 0 else -x") + 1
+        assert f"torch.export failed too at {Path(__file__)}:{gate}: " in err
+        assert "leaf_module" in err and "control flow there depend on shapes" in err
 
 
 def test_no_traceback_from_a_real_process(tmp_path):
