@@ -199,7 +199,7 @@ def run_job(args: JobArgs, inputs: JobInputs) -> dict:
 def profile_stage(args: JobArgs, base_batch: int, devices: JobDevices) -> OpGraph:
     """The model's graph at the preset's batch, costed for the job's devices: measured
     here where they are CPU threads, else on one of the cluster's GPUs."""
-    from orchestrator.profile import profile_model
+    from orchestrator.profile import profile_model, profile_notes
 
     cluster, measured_here = devices.cluster, devices.kind.measured_here
     status("1/6 profile", f"{args.model} ({args.preset}), batch {base_batch}, "
@@ -210,6 +210,8 @@ def profile_stage(args: JobArgs, base_batch: int, devices: JobDevices) -> OpGrap
              if measured_here else
              profile_on_gpu_worker(args.model, preset_name=args.preset, batch=base_batch,
                                    target=cluster.device.name, granularity=args.granularity))
+    for note in profile_notes(graph):
+        status("1/6 profile", f"note: {note}")
     save_graph(graph, args.storage / "graph.json")
     return graph
 

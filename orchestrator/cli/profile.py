@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.profile.api import DEVICES, TARGETS, profile_model, single_device_step_s
+from orchestrator.profile.api import (DEVICES, TARGETS, profile_model, profile_notes,
+                                      single_device_step_s)
 from orchestrator.profile.capture import GRANULARITIES
 from orchestrator.cli.paths import output_file
 from placement.cluster import PRECISIONS
@@ -97,4 +98,5 @@ def summary(graph: OpGraph, target: str) -> str:
            "while two run at once (threads of one host, measured)"]
           if target in md.get("corun_slowdown", {}) else []),
         f"  profiled in {md['profile_seconds']:.1f} s",
+        *(f"  note: {note}" for note in profile_notes(graph)),
     ])

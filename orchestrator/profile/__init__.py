@@ -41,12 +41,13 @@ their arguments are the traced module's own.
 
 from orchestrator.profile.trace import OpNodes, Partition, TraceFailure
 
-__all__ = ["OpNodes", "Partition", "TraceFailure", "partition", "profile_model"]
+__all__ = ["OpNodes", "Partition", "TraceFailure", "partition", "profile_model",
+           "profile_notes"]
 
 
 def __getattr__(name: str):
     # The costing code imports more of torch; load it when first asked for.
-    if name in ("profile_model", "partition"):
+    if name in ("profile_model", "partition", "profile_notes"):
         from orchestrator.profile import api
 
         return getattr(api, name)

@@ -53,6 +53,29 @@ def default_device(preset: str) -> str:
     return "meta" if preset == "paper" else "cpu"
 
 
+def profile_notes(graph: OpGraph) -> list[str]:
+    """What a user should know about how the graph models their step, one line each."""
+    notes = []
+    checkpointed = graph.metadata.get("checkpointed_layers")
+    if checkpointed:
+        # The capture runs the checkpointed forward once, as plain ops, and the split
+        # step's autograd keeps what each op saves: nothing is recomputed.
+        notes.append(f"activation checkpointing is on in {checkpointed} layers "
+                     "(transformers' gradient_checkpointing), but the split step keeps "
+                     "their activations: memory is planned and used without it")
+    return notes
+
+
+def _checkpointed_layers(module: torch.nn.Module) -> int:
+    """Layers with transformers' activation checkpointing on: modules with the flag
+    and no module under them with it (the model that holds them has it too)."""
+    def flagged(m: torch.nn.Module) -> bool:
+        return getattr(m, "gradient_checkpointing", False) is True
+
+    return sum(flagged(m) and not any(flagged(c) for c in m.modules() if c is not m)
+               for m in module.modules())
+
+
 def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
               device: str | torch.device | None = None, seed: int = 0,
               granularity: str = "module") -> tuple[Partition, ModelSpec]:
@@ -202,6 +225,9 @@ def profile_model(model: str, *, preset: str = "tiny", batch: int | None = None,
     metadata = dict(graph.metadata, **memory, granularity=granularity,
                     capture=captured.method, capture_seconds=round(captured.seconds, 3),
                     profile_seconds=round(time.perf_counter() - start, 3))
+    checkpointed = _checkpointed_layers(spec.module)
+    if checkpointed:
+        metadata["checkpointed_layers"] = checkpointed
     if timed:
         # Per micro-batch count (JSON keys are strings): placement/tasks.py ratio_at.
         metadata["split_overhead"] = {measured: {str(k): round(r, 4)

@@ -140,3 +140,10 @@ def deberta(preset: str = "tiny", problem_type: str | None = "single_label_class
 
 def deberta_guessing_its_loss(preset: str = "tiny") -> ModelSpec:
     return deberta(preset, problem_type=None)
+
+
+def gpt2_checkpointed(preset: str = "tiny") -> ModelSpec:
+    """GPT-2 with transformers' activation checkpointing on in each block."""
+    spec = gpt2(preset)
+    spec.module.model.activation_checkpointing_enable()
+    return spec

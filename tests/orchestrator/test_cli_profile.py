@@ -56,6 +56,16 @@ def untraceable(preset):
         torch.nn.functional.mse_loss
 
 
+def test_activation_checkpointing_that_the_split_step_drops_is_named(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    code, stdout, _ = run_cli(["profile", "--model",
+                               "tests.orchestrator.hf_models:gpt2_checkpointed", "--device",
+                               "meta", "--quiet", "--out", str(tmp_path / "g.json")], capsys)
+    assert code == 0
+    assert load_graph(tmp_path / "g.json").metadata["checkpointed_layers"] == 2
+    assert "note: activation checkpointing is on in 2 layers" in stdout
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--model", "resnet"], "choose one of biglstm, gnmt, inception_v3, vgg16"),
     (["--model", "gnmt", "--preset", "big"], "choose one of paper, tiny"),
