@@ -54,6 +54,10 @@ class TraceFailure(UserError):
         self.fix = fix
 
 
+#: torch.nn modules that hold a stack of layers (fx's default keeps them whole).
+_LAYER_STACKS = (nn.TransformerEncoder, nn.TransformerDecoder, nn.Transformer)
+
+
 class _Tracer(fx.Tracer):
     """fx tracer that keeps registered leaves whole and remembers which module it was
     inside when tracing failed."""
@@ -63,7 +67,11 @@ class _Tracer(fx.Tracer):
         self.inside: list[tuple[str, str]] = []
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return type(m) in LEAF_MODULES or super().is_leaf_module(m, qualname)
+        # fx keeps every torch.nn module whole, and PyTorch's transformer stacks are
+        # torch.nn modules: a model built on nn.TransformerEncoder was one op for all
+        # its layers, which no plan can split.
+        return type(m) in LEAF_MODULES or (not isinstance(m, _LAYER_STACKS)
+                                           and super().is_leaf_module(m, qualname))
 
     def call_module(self, m: nn.Module, forward: Callable, args: Any, kwargs: Any) -> Any:
         self.inside.append((self.path_of_module(m), type(m).__name__))

@@ -120,6 +120,23 @@ def test_transformers_models_profile_plan_and_train_like_one_device(name):
     assert_trains_like_one_device(model, graph, spec)
 
 
+@pytest.mark.parametrize("name, stacks", [("torch_encoder", ["encoder"]),
+                                         ("torch_seq2seq", ["transformer.encoder",
+                                                            "transformer.decoder"])])
+def test_pytorchs_own_transformer_stacks_are_split_by_layer(name, stacks):
+    """fx keeps torch.nn modules whole, nn.TransformerEncoder among them: a model on
+    it was one op for all its layers. Each layer's parts are ops of their own, and
+    plans that split them train as the model does."""
+    model = f"tests.orchestrator.user_models:{name}"
+    graph = profiled(model)
+    modules = {str(op.attrs["module"]) for op in graph.ops}
+    for stack in stacks:
+        assert stack not in modules
+        for layer in (0, 1):
+            assert sum(m.startswith(f"{stack}.layers.{layer}.") for m in modules) >= 4
+    assert_trains_like_one_device(model, graph, build(model))
+
+
 def test_an_uncapturable_branch_is_named_by_its_line_in_the_library():
     """DeBERTa-v2 left to guess its loss branches on how many labels count: fx fails
     in the embeddings and torch.export at that branch, which the refusal names (the

@@ -1,5 +1,6 @@
 """Models of a user's own, by reference (`tests.orchestrator.user_models:NAME`): a small
-MLP classifier with each way of bringing data, and with data that is wrong."""
+MLP classifier with each way of bringing data, and with data that is wrong; language
+models on PyTorch's own transformer modules."""
 
 from __future__ import annotations
 
@@ -124,3 +125,53 @@ def regression() -> ModelSpec:
 
     return ModelSpec(name="regression", preset="tiny", module=Regression(),
                      make_batch=batch, batch=16, data=regression_samples())
+
+
+VOCAB, SEQ = 50, 12
+
+
+def _tokens(n: int, *, device="cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+    return ids.to(device), ids.roll(-1, dims=1).to(device)
+
+
+class CausalEncoder(nn.Module):
+    """A language model on PyTorch's own nn.TransformerEncoder, with a causal mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        hidden = self.encoder(self.embed(ids), mask=mask, is_causal=True)
+        return nn.functional.cross_entropy(self.head(hidden).flatten(0, 1), labels.flatten())
+
+
+class Seq2Seq(nn.Module):
+    """PyTorch's own nn.Transformer, encoder and decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.transformer = nn.Transformer(32, 2, 2, 2, 64, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(32, VOCAB)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = self.transformer(self.embed(ids), self.embed(labels))
+        return nn.functional.cross_entropy(self.head(hidden).flatten(0, 1), labels.flatten())
+
+
+def torch_encoder() -> ModelSpec:
+    return ModelSpec(name="torch_encoder", preset="tiny", module=CausalEncoder(),
+                     make_batch=_tokens, batch=8)
+
+
+def torch_seq2seq() -> ModelSpec:
+    return ModelSpec(name="torch_seq2seq", preset="tiny", module=Seq2Seq(),
+                     make_batch=_tokens, batch=8)
