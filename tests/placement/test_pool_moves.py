@@ -104,11 +104,14 @@ def test_a_boundary_swap_where_pool_moves_cannot():
 
 
 @settings(max_examples=60, deadline=None)
-@given(random_dags(), st.integers(2, 4), st.integers(1, 2), st.booleans(), st.randoms())
+@given(random_dags(min_time=0.01), st.integers(2, 4), st.integers(1, 2), st.booleans(),
+       st.randoms())
 def test_max_load_search_makes_local_searchs_moves(graph, k, micro, capped, rnd):
     """The same neighbourhood and choice as `local_search` with the max-load score, so
     the same plan up to the devices' names (random float times: the only ties are
-    between devices alike, which rounding may break either way)."""
+    between devices alike, which rounding may break either way). Times of zero make
+    plateaus of equal moves, where the two may take different ones: with every op
+    free, a graph of one sender left the two at 1.08 and 2.17."""
     tg = tasks(graph, k=micro)
     memory = np.array([rnd.uniform(0.5, 2.0) for _ in range(tg.num_groups)])
     gd = random_placement(tg, k, rnd)

@@ -116,9 +116,9 @@ def brute_device_loads(tg, gd, k):
 
 
 @st.composite
-def random_dags(draw, max_ops=8):
+def random_dags(draw, max_ops=8, min_time=0.0):
     n = draw(st.integers(2, max_ops))
-    times = draw(st.lists(st.floats(0.0, 5.0), min_size=n, max_size=n))
+    times = draw(st.lists(st.floats(min_time, 5.0), min_size=n, max_size=n))
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     edges = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=2 * n))
     costs = draw(st.lists(st.floats(0.0, 3.0), min_size=n, max_size=n))
