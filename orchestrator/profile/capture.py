@@ -147,8 +147,9 @@ def _first_line(err: Exception) -> str:
 def _model_line(err: Exception) -> str | None:
     """Where in the model's own code torch.export failed: the innermost frame outside
     torch, Python's standard library and this package (non-strict export runs the
-    model's Python, so its frames are in the traceback), as file:line, a library's
-    file named from its package; None where the failure is in no such frame."""
+    model's Python, so its frames are in the traceback), as file:line, an installed
+    library's file named from its package; None where the failure is in no such
+    frame."""
     skipped = (Path(torch.__file__).parent, Path(__file__).parents[1],
                Path(sysconfig.get_paths()["stdlib"]))
     found = None
@@ -159,9 +160,10 @@ def _model_line(err: Exception) -> str | None:
     if found is None:
         return None
     path, line = found
-    parts = path.parts
-    if "site-packages" in parts:
-        path = Path(*parts[len(parts) - parts[::-1].index("site-packages"):])
+    installed = [i for i, part in enumerate(path.parts)
+                 if part in ("site-packages", "dist-packages")]
+    if installed:
+        path = Path(*path.parts[installed[-1] + 1:])
     return f"{path}:{line}"
 
 

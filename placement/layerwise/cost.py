@@ -10,7 +10,7 @@ Rules where the paper leaves room (all stated in docs/benchmarks.md too):
 - t_c = tau + (t - tau) / |c| with t the profiled forward + backward time and tau a
   fixed per-task cost (kernel launches) that splitting does not shrink: small work
   gains little from more devices.
-- t_s is a ring allreduce of the weight shard (param_bytes / channel degree) over its
+- t_s is a ring allreduce of the weight shard (trainable_bytes / channel degree) over its
   replicas (|c| / channel degree of them), all shards' rings in parallel.
 - t_x counts the forward tensor and, on the way back, its gradient (same bytes).
   Each receiving device takes its bytes over the intra-node link from devices of its
@@ -101,11 +101,11 @@ def sync_s(layer: Layer, config: ParallelConfig, topology: Topology) -> float:
 
     # see Jia et al. 2018, Section 4 (t_s)
     """
-    if layer.param_bytes <= 0:
+    if layer.trainable_bytes <= 0:
         return 0.0
     link = topology.inter_node if _replicas_span_nodes(config, topology) else \
         topology.intra_node
-    return ring_allreduce_s(layer.param_bytes / config.channel,
+    return ring_allreduce_s(layer.trainable_bytes / config.channel,
                             config.degree // config.channel, link)
 
 

@@ -61,7 +61,7 @@ class Layer:
     """Dimensions this layer may split, in `DIMS` order."""
     compute_s: float
     """Forward + backward seconds on one device, whole batch (t_c at degree 1)."""
-    param_bytes: float
+    trainable_bytes: float
     """Bytes of trainable weights: what a replica's allreduce moves."""
     output_bytes: float
     kernel: tuple[int, int] = (1, 1)
@@ -119,7 +119,7 @@ def layer_of(op: Op, device_kind: str) -> Layer:
     dims = tuple(d for d in DIMS if d in allowed and d in axes)
     compute_s = op.time_s(device_kind) + op.time_s(device_kind, backward=True)
     return Layer(op_id=op.id, name=op.name, kind=kind, shape=shape, axes=axes, dims=dims,
-                 compute_s=compute_s, param_bytes=op.trainable_bytes,
+                 compute_s=compute_s, trainable_bytes=op.trainable_bytes,
                  output_bytes=op.output_bytes, kernel=_kernel(op))
 
 

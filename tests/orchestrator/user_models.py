@@ -148,7 +148,8 @@ class CausalEncoder(nn.Module):
         self.head = nn.Linear(32, VOCAB)
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1],
+                                                              device=ids.device)
         hidden = self.encoder(self.embed(ids), mask=mask, is_causal=True)
         return nn.functional.cross_entropy(self.head(hidden).flatten(0, 1), labels.flatten())
 
