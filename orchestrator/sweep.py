@@ -16,10 +16,12 @@ from pathlib import Path
 
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import Searcher
 
 from orchestrator.runtime.device_kind import DeviceKind
-from orchestrator.search import CorrectedSearcher
+from orchestrator.search import CorrectedSearcher, RecordedTrial
 from orchestrator.train.capacity import NodeResources, check_fits
 from orchestrator.train.cluster import DRIVER_RESOURCE, DRIVER_RESOURCE_AMOUNT
 from orchestrator.train.config import TrainConfig
@@ -136,23 +138,42 @@ def run_sweep(candidates: Sequence[Candidate], job: SweepJob, *, max_trials: int
     # The job's fixed inputs travel by reference, so only the candidate is a trial's
     # configuration (what the dashboard and the console table show).
     trainable = tune.with_resources(tune.with_parameters(_trial, job=job), driver)
+    searcher = CorrectedSearcher(candidates, max_trials, metric=METRIC,
+                                 max_concurrent=max_concurrent)
     if resume and tune.Tuner.can_restore(str(path)):
+        resync_saved_searcher(path, searcher)
         return tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True,
                                   restart_errored=False).fit()
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=CorrectedSearcher(candidates, max_trials, metric=METRIC),
-            num_samples=max_trials,
+            # The searcher alone limits the trials (both their number and how many run
+            # at once): Tune's own limits keep state of their own, which --resume could
+            # find older than the trials' record (orchestrator/search.py).
+            search_alg=searcher, num_samples=-1,
             # max_t past the last step: a trial that runs to its end finishes by itself
             # (its TorchTrainer returns and releases its workers) instead of being
             # stopped by ASHA at its last report.
             scheduler=ASHAScheduler(metric=METRIC, mode="min", time_attr="step",
                                     max_t=job.steps + 1, grace_period=max(1, job.steps // 2)),
-            max_concurrent_trials=max_concurrent, time_budget_s=time_budget_s),
+            time_budget_s=time_budget_s),
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=job.storage, verbose=1),
     )
     return tuner.fit()
+
+
+def resync_saved_searcher(experiment: Path, searcher: CorrectedSearcher) -> None:
+    """Overwrite the searcher states saved under `experiment` (the files Tune restores
+    the searcher from) with `searcher` resynced to the trials the experiment recorded:
+    Tune restores the trials from that record, and the searcher must agree with it."""
+    recorded = [RecordedTrial(trial_id=t.trial_id, finished=t.status == Trial.TERMINATED,
+                              config=t.config, last_result=t.last_result or {})
+                for t in tune.ExperimentAnalysis(str(experiment)).trials]
+    searcher.resync(recorded)
+    for saved in experiment.glob(Searcher.CKPT_FILE_TMPL.format("*")):
+        staged = saved.with_name(f".{saved.name}.resynced")
+        searcher.save(str(staged))
+        staged.replace(saved)
 
 
 #: Where a resumed sweep moves the folders of trials its experiment state never recorded.

@@ -131,6 +131,27 @@ def submit(head, job: str, *args: str, timeout: int = 600) -> subprocess.Complet
     return result
 
 
+def add_unrecorded_running_trial(experiment: Path) -> None:
+    """Make the searcher's saved states hold one more trial, still running, of a
+    candidate no recorded trial has: the sweep would wait for it forever, and never try
+    its candidate, unless the resumed searcher follows the record."""
+    from ray.tune import ExperimentAnalysis
+
+    from orchestrator.search import CorrectedSearcher
+    from placement.sweep_space import Candidate
+
+    recorded = {Candidate.from_dict(t.config["candidate"]).key()
+                for t in ExperimentAnalysis(str(experiment)).trials}
+    for saved in experiment.glob("searcher-state-*.pkl"):
+        searcher = CorrectedSearcher([], max_trials=0, metric="x", probe=lambda: 0.0)
+        searcher.restore(str(saved))
+        tried = recorded | {c.key() for c in searcher.suggested.values()}
+        phantom = next(c for c in searcher.candidates if c.key() not in tried)
+        searcher.suggested["unrecorded"] = phantom
+        searcher.running.add("unrecorded")
+        searcher.save(str(saved))
+
+
 def terminated_trials(storage: Path) -> list[str]:
     """Ids of the trials Tune's saved experiment state marks finished."""
     trials = []
@@ -249,6 +270,9 @@ def test_biglstm_job_interrupted_then_resumed(ray_head, tmp_path):
     assert finished, "no trial finished before the deadline"
     first = next(storage.glob(f"sweep/_trial_{finished[0]}_*"))
     reports_before = (first / "result.json").read_text()
+    # The searcher's saved state a moment off the trials' record, as a driver killed
+    # while Tune copied them leaves it: a trial the record never got, still running.
+    add_unrecorded_running_trial(storage / "sweep")
 
     result = submit(ray_head, "bigLSTM.py", *args, "--resume")
     assert_succeeded(result)

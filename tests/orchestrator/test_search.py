@@ -141,3 +141,46 @@ def test_the_driver_probes_the_host_before_each_ranking_and_records_the_level_ca
     assert "host-speed probe" not in t["correction_from"]
     # The budget is spent: no ranking, so no probe (the fake has none left to give).
     assert s.suggest("t4") == Searcher.FINISHED
+
+
+def test_no_more_trials_run_at_once_than_allowed_and_a_failed_one_frees_its_place():
+    s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s",
+                          max_concurrent=2, probe=lambda: 0.001)
+    assert s.suggest("t1") and s.suggest("t2")
+    assert s.suggest("t3") is None  # two running
+    s.on_trial_complete("t1", None, error=True)
+    assert s.suggest("t3")
+    assert s.suggest("t4") is None
+    s.on_trial_complete("t2", {MEASURED: 0.01})
+    assert s.suggest("t4")
+    assert s.suggest("t5") == Searcher.FINISHED
+
+
+def test_a_resumed_searcher_takes_the_experiments_record_over_its_own_saved_state():
+    """The trials' record and the searcher's saved state may come from different moments
+    of a killed driver: the record wins (orchestrator/search.py)."""
+    from orchestrator.search import RecordedTrial
+    from orchestrator.train.job import TIMED_HERE
+
+    s = CorrectedSearcher(CANDIDATES, max_trials=4, metric="projected_time_s",
+                          probe=lambda: 0.001)
+    first = s.suggest("t1")
+    s.on_trial_complete("t1", {MEASURED: 0.04})
+    second = s.suggest("t2")
+    s.on_trial_complete("t2", {MEASURED: 0.01})
+    phantom = s.suggest("t3")  # suggested, but the record never got it
+    # The record: t1 finished (its last result as recorded, nested), t2 still running.
+    own = _mp1_own_timing()
+    s.resync([RecordedTrial(trial_id="t2", finished=False, config=second, last_result={}),
+              RecordedTrial(trial_id="t1", finished=True, config=first,
+                            last_result={MEASURED: 0.04, TIMED_HERE: own.to_dict()})])
+    assert list(s.suggested) == ["t1", "t2"] and s.running == {"t2"}
+    assert [m.measured_step_s for m in s.measurements] == [0.04]
+    assert s.measurements[0].retimed == own
+    assert s.suggest("t4") is None  # t2 runs again first
+    s.on_trial_complete("t2", {MEASURED: 0.01})
+    # The phantom's candidate is free again, and nothing recorded is repeated.
+    again = s.suggest("t4")
+    assert Candidate.from_dict(again["candidate"]).key() == Candidate.from_dict(
+        phantom["candidate"]).key()
+    assert again["order"] == 3
