@@ -141,10 +141,52 @@ def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: i
     spec = build(model, preset, seq_chunk=seq_chunk, device=device, seed=seed)
     # torch.export traces an example batch (two samples at least, so that the samples
     # dimension is not specialised to 1); fx tracing needs none.
-    example = spec.make_batch(max(spec.batch or 2, 2), device=device or "cpu")
+    size = max(spec.batch or 2, 2)
+    example = spec.make_batch(size, device=device or "cpu")
     captured = capture(spec.module, example, batched_inputs(spec.make_batch),
                        granularity=granularity, name=spec.name)
+    _check_other_batch_size(captured, spec, size, device or "cpu")
     return captured.partition(), spec, captured
+
+
+def _check_other_batch_size(captured: Capture, spec: ModelSpec, size: int, device) -> None:
+    """Run the captured step's forward on a batch of another size than the example's:
+    micro-batches and data-parallel shares are smaller batches, and a step that takes
+    only one size (a reshape to the batch size the model was built for) would fail
+    deep inside profiling or a worker. Refused as the model's fault only where the
+    model itself fails too; otherwise the capture is at fault."""
+    other = size // 2 if size >= 4 else size + 1  # a batch of 1 may squeeze the samples away
+    batch = spec.make_batch(other, device=device)
+    # Leaves no trace: a training-mode forward moves batch norms' running statistics
+    # and draws dropout masks from the generator the steps will use.
+    rngs = [device] if torch.device(device).type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=rngs), \
+            _buffers_restored(captured.module), _buffers_restored(spec.module):
+        try:
+            captured.module(*batch)
+        except Exception as captured_err:  # noqa: BLE001: any failure of the model's code
+            try:
+                spec.module(*batch)
+            except Exception as err:  # noqa: BLE001
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise UserError(
+                    f"{spec.name} fails on a batch of {other} samples (it ran on {size}): "
+                    f"{first[:300]}; micro-batches and data-parallel workers take smaller "
+                    "batches, so the model must take a batch of any size: compute sizes "
+                    "from x.shape[0], not from a number fixed when it was built") from None
+            raise RuntimeError(f"the {captured.method} capture of {spec.name} fails on a "
+                               f"batch of {other} samples where the model itself runs") \
+                from captured_err
+
+
+@contextmanager
+def _buffers_restored(module: torch.nn.Module):
+    saved = [(b, b.clone()) for b in module.buffers()]
+    try:
+        yield
+    finally:
+        for b, value in saved:
+            b.copy_(value)
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):

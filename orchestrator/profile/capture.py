@@ -41,6 +41,7 @@ import torch
 from torch import fx, nn
 from torch._decomp import get_decompositions
 from torch.export import Dim
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from orchestrator.profile.trace import (Partition, TraceFailure, Unit, aten_name, partition,
                                         trace)
@@ -109,6 +110,8 @@ def export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[b
                                f"{_first_line(err)}", fix) from None
         raise TraceFailure(f"{fx_failure.problem}; torch.export failed too{at}: "
                            f"{_first_line(err)}", f"{fx_failure.fix}, or {fix}") from None
+    if _fixed_samples(exported, batched):
+        exported = _strict_export(module, batch, batched, name, dynamic)
     if granularity in ("core-aten", "decomposed"):
         try:
             with _quiet():
@@ -117,6 +120,44 @@ def export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[b
             raise TraceFailure(f"cannot capture {name} at --granularity {granularity}: "
                                f"{_first_line(err)}", "use --granularity aten") from None
     return _loss_module(exported.module(), name)
+
+
+def _fixed_samples(exported: torch.export.ExportedProgram, batched: Sequence[bool]) -> bool:
+    """Whether the graph holds a batched input's samples dimension fixed to the example
+    batch's size (`Dim.AUTO` lets torch.export specialise it where the step uses the
+    size as a Python number): a micro-batch of another size would then fail inside
+    the graph, or, where only a constant took the size, silently compute the wrong
+    thing."""
+    inputs = [exported.graph.find_nodes(op="placeholder", target=spec.arg.name)[0]
+              for spec in exported.graph_signature.input_specs
+              if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    return any(b and isinstance(node.meta["val"], torch.Tensor)
+               and is_concrete_int(node.meta["val"].shape[0])
+               for node, b in zip(inputs, batched, strict=True))
+
+
+def _strict_export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Sequence[bool],
+                   name: str, dynamic: tuple) -> torch.export.ExportedProgram:
+    """torch.export in strict mode, where the non-strict one fixed the samples
+    dimension. Non-strict export runs the step's Python as is, and Python demands an
+    int from `len(tensor)`, so `torch.arange(len(logits))` (CLIP's contrastive loss)
+    becomes a constant of the example's size; strict export traces the bytecode and
+    keeps it symbolic. A step that still fixes it is refused."""
+    fix = ("take the size from x.shape[0] where the step needs the batch size, or "
+           "compute the loss in the model's forward from outputs that do not fix it")
+    try:
+        with _quiet():
+            exported = torch.export.export(module, tuple(batch), strict=True,
+                                           dynamic_shapes=dynamic)
+    except _EXPORT_ERRORS as err:
+        raise TraceFailure(f"cannot capture {name} for a batch of any size: torch.export "
+                           f"fixed its samples dimension to {len(batch[batched.index(True)])}"
+                           f", and its strict mode failed: {_first_line(err)}", fix) from None
+    if _fixed_samples(exported, batched):
+        raise TraceFailure(f"cannot capture {name} for a batch of any size: the step "
+                           f"fixes its samples dimension to "
+                           f"{len(batch[batched.index(True)])}", fix)
+    return exported
 
 
 def _decompositions(granularity: str) -> dict:

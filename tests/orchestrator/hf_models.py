@@ -142,6 +142,40 @@ def deberta_guessing_its_loss(preset: str = "tiny") -> ModelSpec:
     return deberta(preset, problem_type=None)
 
 
+class ContrastiveLoss(nn.Module):
+    """CLIP's own contrastive loss (`return_loss=True`), which takes its targets from
+    `torch.arange(len(logits))`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, pixel_values=pixels, return_loss=True).loss
+
+
+def clip(preset: str = "tiny") -> ModelSpec:
+    """CLIP's text and vision towers, trained by their contrastive loss."""
+    from transformers import CLIPConfig, CLIPModel
+
+    config = CLIPConfig(
+        text_config=dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2,
+                         max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=1),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=IMAGE, patch_size=8),
+        projection_dim=8)
+
+    def make_pairs(batch: int, *, device: str | torch.device = "cpu", seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, VOCAB, (batch, SEQ), generator=generator)
+        images = torch.randn(batch, 3, IMAGE, IMAGE, generator=generator)
+        return ids.to(device), images.to(device)
+
+    return ModelSpec(name="clip", preset=preset, module=ContrastiveLoss(CLIPModel(config)),
+                     make_batch=make_pairs, batch=BATCH)
+
+
 def gpt2_checkpointed(preset: str = "tiny") -> ModelSpec:
     """GPT-2 with transformers' activation checkpointing on in each block."""
     spec = gpt2(preset)

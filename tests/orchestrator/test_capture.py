@@ -106,7 +106,7 @@ def assert_same_buffers(mine: nn.Module, theirs: nn.Module, *, exact_floats: boo
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "mixtral", "bart", "mamba",
-                                  "deberta"])
+                                  "deberta", "clip"])
 def test_transformers_models_profile_plan_and_train_like_one_device(name):
     model = f"{HF}:{name}"
     graph = profiled(model)

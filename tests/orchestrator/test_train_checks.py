@@ -56,6 +56,11 @@ def relabelled_plan(mlp_plan, tmp_path_factory):
     (["--model", MLP, "--plan", "{aten_plan}", "--mp", "2", "--micro-batches", "2"],
      "places 4 op(s) but mlp-tiny traces to 6 at --granularity aten"),
     (["--model", MLP, "--granularity", "ops"], "argument --granularity: invalid choice"),
+    (["--model", "tests.orchestrator.user_models:mlp_fixed_batch"],
+     "mlp_fixed_batch fails on a batch of 4 samples (it ran on 8): mat1 and mat2 shapes"),
+    (["--model", "tests.orchestrator.user_models:mlp_fixed_batch", "--granularity", "aten"],
+     "cannot capture mlp_fixed_batch for a batch of any size: the step fixes its samples "
+     "dimension to 8"),
 ])
 def test_bad_input_is_one_line_and_status_2_before_ray_starts(argv, message, mlp_plan,
                                                                relabelled_plan, capsys,

@@ -176,3 +176,20 @@ def torch_encoder() -> ModelSpec:
 def torch_seq2seq() -> ModelSpec:
     return ModelSpec(name="torch_seq2seq", preset="tiny", module=Seq2Seq(),
                      make_batch=_tokens, batch=8)
+
+
+class FixedBatchClassifier(Classifier):
+    """Reshapes its hidden layer with the batch size it was built for."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.fc1(x)).reshape(self.batch, -1)
+        return nn.functional.cross_entropy(self.fc3(torch.relu(self.fc2(hidden))), y)
+
+
+def mlp_fixed_batch() -> ModelSpec:
+    return ModelSpec(name="mlp_fixed_batch", preset="tiny", module=FixedBatchClassifier(8),
+                     make_batch=make_batch, batch=8)
