@@ -164,10 +164,10 @@ def _check_other_batch_size(captured: Capture, spec: ModelSpec, size: int, devic
             _buffers_restored(captured.module), _buffers_restored(spec.module):
         try:
             captured.module(*batch)
-        except Exception as captured_err:  # noqa: BLE001: any failure of the model's code
+        except Exception as captured_err:  # noqa: BLE001 - any failure of the model's code
             try:
                 spec.module(*batch)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # noqa: BLE001 - the model's own failure there
                 first = (str(err).strip().splitlines() or [type(err).__name__])[0]
                 raise UserError(
                     f"{spec.name} fails on a batch of {other} samples (it ran on {size}): "
