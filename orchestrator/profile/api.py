@@ -20,6 +20,7 @@ from orchestrator.profile.costs import (SPLIT_MAX_RATIOS, OpCost, StepClock,
 from orchestrator.profile.capture import GRANULARITIES, Capture, capture
 from orchestrator.profile.roofline import Efficiency, op_time_s, optimizer_kernels
 from orchestrator.profile.trace import Partition, aten_name
+from orchestrator.runtime.devices import random_streams_and_buffers_kept
 from orchestrator.runtime.executor import batched_inputs
 from placement.cluster import (A100, H100, PRECISIONS, V100, DeviceKind,
                                preset as cluster_preset)
@@ -78,14 +79,18 @@ def _checkpointed_layers(module: torch.nn.Module) -> int:
 
 def partition(model: str, *, preset: str = "tiny", seq_chunk: int | None = None,
               device: str | torch.device | None = None, seed: int = 0,
-              granularity: str = "module") -> tuple[Partition, ModelSpec]:
+              granularity: str = "module", check_batch_sizes: bool = True
+              ) -> tuple[Partition, ModelSpec]:
     """Build `model` (weights from `seed`) and cut its captured step into ops; on the
     `meta` device no weight is allocated and the ops are a CPU capture's
-    (`_tensors_for`)."""
+    (`_tensors_for`). `check_batch_sizes`: whether to run the step once on another
+    batch size (`_check_other_batch_size`); a worker, whose driver checked the model
+    before Ray started, leaves it out of its start-up."""
     device, tensors = _tensors_for(device, granularity)
     with tensors:
         part, spec, _ = _captured(model, preset=preset, seq_chunk=seq_chunk,
-                                  device=device, seed=seed, granularity=granularity)
+                                  device=device, seed=seed, granularity=granularity,
+                                  check_batch_sizes=check_batch_sizes)
     return part, spec
 
 
@@ -134,7 +139,8 @@ def _tensors_for(device, granularity: str) -> tuple[str | torch.device | None,
 
 
 def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: int,
-              granularity: str) -> tuple[Partition, ModelSpec, Capture]:
+              granularity: str, check_batch_sizes: bool = True
+              ) -> tuple[Partition, ModelSpec, Capture]:
     if granularity not in GRANULARITIES:
         raise UserError(f"unknown --granularity {granularity!r}: choose one of "
                         f"{', '.join(GRANULARITIES)}")
@@ -145,7 +151,8 @@ def _captured(model: str, *, preset: str, seq_chunk: int | None, device, seed: i
     example = spec.make_batch(size, device=device or "cpu")
     captured = capture(spec.module, example, batched_inputs(spec.make_batch),
                        granularity=granularity, name=spec.name)
-    _check_other_batch_size(captured, spec, size, device or "cpu")
+    if check_batch_sizes:
+        _check_other_batch_size(captured, spec, size, device or "cpu")
     return captured.partition(), spec, captured
 
 
@@ -157,11 +164,9 @@ def _check_other_batch_size(captured: Capture, spec: ModelSpec, size: int, devic
     model itself fails too; otherwise the capture is at fault."""
     other = size // 2 if size >= 4 else size + 1  # a batch of 1 may squeeze the samples away
     batch = spec.make_batch(other, device=device)
-    # Leaves no trace: a training-mode forward moves batch norms' running statistics
-    # and draws dropout masks from the generator the steps will use.
-    rngs = [device] if torch.device(device).type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=rngs), \
-            _buffers_restored(captured.module), _buffers_restored(spec.module):
+    # Leaves no trace: the steps start from the same buffers and random streams.
+    with torch.no_grad(), random_streams_and_buffers_kept(
+            [captured.module, spec.module], [device]):
         try:
             captured.module(*batch)
         except Exception as captured_err:  # noqa: BLE001 - any failure of the model's code
@@ -177,16 +182,6 @@ def _check_other_batch_size(captured: Capture, spec: ModelSpec, size: int, devic
             raise RuntimeError(f"the {captured.method} capture of {spec.name} fails on a "
                                f"batch of {other} samples where the model itself runs") \
                 from captured_err
-
-
-@contextmanager
-def _buffers_restored(module: torch.nn.Module):
-    saved = [(b, b.clone()) for b in module.buffers()]
-    try:
-        yield
-    finally:
-        for b, value in saved:
-            b.copy_(value)
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):

@@ -143,6 +143,8 @@ def _strict_export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Se
     int from `len(tensor)`, so `torch.arange(len(logits))` (CLIP's contrastive loss)
     becomes a constant of the example's size; strict export traces the bytecode and
     keeps it symbolic. A step that still fixes it is refused."""
+    problem = f"cannot capture {name} for a batch of any size"
+    size = len(batch[batched.index(True)])
     fix = ("take the size from x.shape[0] where the step needs the batch size, or "
            "compute the loss in the model's forward from outputs that do not fix it")
     try:
@@ -150,13 +152,10 @@ def _strict_export(module: nn.Module, batch: Sequence[torch.Tensor], batched: Se
             exported = torch.export.export(module, tuple(batch), strict=True,
                                            dynamic_shapes=dynamic)
     except _EXPORT_ERRORS as err:
-        raise TraceFailure(f"cannot capture {name} for a batch of any size: torch.export "
-                           f"fixed its samples dimension to {len(batch[batched.index(True)])}"
-                           f", and its strict mode failed: {_first_line(err)}", fix) from None
+        raise TraceFailure(f"{problem}: torch.export fixed its samples dimension to {size}, "
+                           f"and its strict mode failed: {_first_line(err)}", fix) from None
     if _fixed_samples(exported, batched):
-        raise TraceFailure(f"cannot capture {name} for a batch of any size: the step "
-                           f"fixes its samples dimension to "
-                           f"{len(batch[batched.index(True)])}", fix)
+        raise TraceFailure(f"{problem}: the step fixes its samples dimension to {size}", fix)
     return exported
 
 

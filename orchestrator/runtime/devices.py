@@ -8,7 +8,8 @@ CPU."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -114,6 +115,24 @@ def place_module(partition: OpPartition, assignment: Mapping[int, int],
 def _own_tensors(module: nn.Module) -> dict[tuple[str, str], torch.Tensor]:
     return {**{("p", n): t for n, t in module._parameters.items() if t is not None},
             **{("b", n): t for n, t in module._buffers.items() if t is not None}}
+
+
+@contextmanager
+def random_streams_and_buffers_kept(modules: Sequence[nn.Module],
+                                    devices: Sequence[torch.device | str]) -> Iterator[None]:
+    """Run something that draws random numbers or moves the modules' buffers (a
+    training-mode forward: dropout masks, batch norm's running statistics), then put
+    both back as they were: the generators of the CPU and of the CUDA `devices`."""
+    saved = [(b, b.clone()) for m in modules for b in m.buffers()]
+    cuda = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"},
+                  key=str)
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
 
 
 def ddp_device_ids(device: torch.device) -> list[torch.device] | None:

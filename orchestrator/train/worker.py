@@ -16,7 +16,8 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from orchestrator.runtime.devices import load_state, plan_devices, synchronize
+from orchestrator.runtime.devices import (load_state, plan_devices,
+                                          random_streams_and_buffers_kept, synchronize)
 from orchestrator.train.batches import BatchSource
 from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import PROBE, TIMED_HERE, Projection, WorkerJob
@@ -249,15 +250,11 @@ class HybridWorker:
         # asks for it only where the devices are CPU threads (GPU jobs rank by the
         # scaling model's step).
         assert all(d.type == "cpu" for d in self.devices), self.devices
-        buffers = {name: b.clone() for name, b in self.model.named_buffers()}
-        with torch.random.fork_rng(devices=[]):
+        with random_streams_and_buffers_kept([self.model], self.devices):
             self.timed_here = time_in_worker(self.planned, self.sync, self.plan,
                                              self.time_batches, world=self.world,
                                              probe=self.probe if self.rank == 0 else None
                                              ).to_dict()
-        with torch.no_grad():
-            for name, b in self.model.named_buffers():
-                b.copy_(buffers[name])
         # The report interval counts from the first step, not from before the timing.
         self.last_report = time.monotonic()
 

@@ -32,7 +32,9 @@ def build_executor(model: str, *, preset: str, seed: int, plan: Plan,
                    mixed_precision: bool = False) -> PlannedModel:
     """`model` cut by the plan's granularity, each op's parameters moved to its device
     (before an optimizer or DDP is built from them), and the executor of `plan`."""
-    part, spec = partition(model, preset=preset, seed=seed, granularity=plan.granularity)
+    # Checked on other batch sizes by the driver (profile, or train's checks).
+    part, spec = partition(model, preset=preset, seed=seed, granularity=plan.granularity,
+                           check_batch_sizes=False)
     op_part = OpPartition(part.module, {op.id: op.nodes for op in part.ops})
     place_module(op_part, plan.assignment, devices, owner=spec.module)
     executor = PlanExecutor(op_part, plan.assignment, plan.order, devices,
