@@ -195,12 +195,11 @@ def t5_step_time(time_limit: float, configs=T5_CONFIGS) -> None:
     """Step time on a model the planner was not tuned on: transformers T5 at T5-small's
     sizes, batch 64, at the `aten` granularity (660 ops, 1,320 tasks per micro-batch;
     `benchmarks.op_graphs`), planned as the presets are."""
-    from benchmarks.op_graphs import training_graph
     from orchestrator.profile import profile_model
 
-    graph = training_graph(profile_model("benchmarks.op_graphs:t5", preset="paper",
-                                         target="v100", granularity="aten"))
-    print(f"\n(5b) step time on T5-small (aten, {len(graph.ops)} forward and backward ops, "
+    graph = profile_model("benchmarks.op_graphs:t5", preset="paper", target="v100",
+                          granularity="aten")
+    print(f"\n(5b) step time on T5-small (aten, {len(graph.ops)} ops with their backward, "
           f"dgx1-v100), policy 'auto', {time_limit:g} s limit")
     _policy_header()
     for k, micro in configs:

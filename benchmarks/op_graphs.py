@@ -25,11 +25,11 @@ ViT, BART and Mixtral are models the planner was not tuned on. Each is profiled 
 model is captured on fake CPU tensors, so the graph is the one a worker captures), and
 shapes, FLOPs and bytes are exact, times projected by the roofline for cpu, v100, a100
 and h100) at operator granularity (default `decomposed`: ResNet-50's batch norms as their
-arithmetic, so that it has about as many ops as BERT-12), then unrolled into an
-explicit training graph: op i's backward is op N + i (`is_backward`), the gradient of each edge u -> v is an edge v' -> u' of
-the same size, each sink op feeds its own backward, and every op sits in one
-colocation group with its backward (and with any op that shares a parameter with it),
-as in the peer training graphs.
+arithmetic, so that it has about as many ops as BERT-12). Each file is the graph
+`orchestrator profile` writes, the one the product plans on: forward ops carrying their
+backward times, which the planner unrolls into a forward and a backward task per op on
+one device (`placement.tasks.build_tasks`), each gradient summed per reading device
+before it crosses back, as the executor runs it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from torch import nn
 from orchestrator.models import ModelSpec
 from orchestrator.profile import profile_model
 from orchestrator.profile.capture import GRANULARITIES
-from placement.graph import Edge, Op, OpGraph
 from placement.io import save_graph
 
 BATCH = 8
@@ -219,32 +218,6 @@ MODELS = {"bert3": bert3, "bert6": bert6, "bert12": bert12, "resnet50": resnet50
           "bart": bart, "gpt2": gpt2, "llama": llama, "mixtral": mixtral, "vit": vit}
 
 
-def training_graph(graph: OpGraph) -> OpGraph:
-    """`graph` with every op's backward as an op of its own (see the module docstring)."""
-    n = len(graph.ops)
-    assert [op.id for op in graph.ops] == list(range(n)), "profiled ids are 0..N-1"
-    group = [op.colocation or f"op{op.id}" for op in graph.ops]
-    into: dict[int, float] = {}
-    for e in graph.edges:
-        into[e.dst] = into.get(e.dst, 0.0) + e.bytes
-    forward = [Op(id=op.id, name=op.name, forward_s=op.forward_s, backward_s={},
-                  output_bytes=op.output_bytes, param_bytes=op.param_bytes,
-                  activation_bytes=op.activation_bytes, colocation=group[op.id],
-                  attrs=op.attrs) for op in graph.ops]
-    backward = [Op(id=n + op.id, name=f"{op.name}/backward", forward_s=op.backward_s,
-                   backward_s={}, is_backward=True, output_bytes=into.get(op.id, 0.0),
-                   colocation=group[op.id],
-                   attrs={"layer_kind": op.attrs.get("layer_kind"), "forward_op": op.id})
-                for op in graph.ops]
-    sinks = set(range(n)) - {e.src for e in graph.edges}
-    edges = (*graph.edges,
-             *(Edge(src=n + e.dst, dst=n + e.src, bytes=e.bytes) for e in graph.edges),
-             *(Edge(src=s, dst=n + s, bytes=0.0) for s in sorted(sinks)))
-    metadata = dict(graph.metadata, training_graph="explicit backward ops")
-    return OpGraph(ops=(*forward, *backward), edges=edges, name=f"{graph.name}-training",
-                   metadata=metadata)
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.op_graphs",
                                      description=__doc__.splitlines()[0])
@@ -256,8 +229,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name in args.models:
         started = time.perf_counter()
-        graph = training_graph(profile_model(f"{__name__}:{name}", preset="paper",
-                                             target="v100", granularity=args.granularity))
+        graph = profile_model(f"{__name__}:{name}", preset="paper", target="v100",
+                              granularity=args.granularity)
         path = out / f"{name}_training.json"
         save_graph(graph, path)
         print(f"{path}: {len(graph.ops)} ops, {len(graph.edges)} edges, "

@@ -8,7 +8,8 @@
   1 / `TaskGraph.corun_slowdown` of its own rate.
 - Max-load (pipelined throughput): each device's task time, plus, for each task with a
   successor on another device, its send cost once on its own device and once on every
-  other device holding a successor.
+  other device holding a successor (`TaskGraph.send_s`: where the backward is implied,
+  a forward task's cost includes the summed gradient coming back).
 """
 
 from __future__ import annotations

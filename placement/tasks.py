@@ -54,7 +54,9 @@ class TaskGraph:
     """Per edge: time to move the tensor when its ends sit on different devices."""
     send_s: np.ndarray
     """Per task: the cost of sending its output to another device (max over its edges);
-    the max-load model charges it once on the sender and once per receiving device."""
+    the max-load model charges it once on the sender and once per receiving device.
+    Where the backward is implied, an op's forward task also carries its gradient's
+    return and its backward task nothing (see `max_load_send_s`)."""
     num_micro_batches: int
     corun_slowdown: float = 1.0
     """How much slower a task runs while a task of another device runs at the same time
@@ -293,15 +295,33 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
     edge_src = np.asarray(src, dtype=np.int64)
     edge_dst = np.asarray(dst, dtype=np.int64)
     edge_cost = np.asarray(cost, dtype=np.float64)
-    send = np.zeros(len(tasks))
-    if len(edge_src):
-        np.maximum.at(send, edge_src, edge_cost)
+    send = max_load_send_s(tasks, edge_src, edge_cost, gradients_summed=implied_backward)
     return TaskGraph(
         graph=graph, tasks=tuple(tasks), duration_s=np.asarray(duration),
         group=np.asarray(group, dtype=np.int64), group_ops=group_ops,
         edge_src=edge_src, edge_dst=edge_dst, edge_transfer_s=edge_cost,
         send_s=send, num_micro_batches=k, corun_slowdown=corun_slowdown,
     )
+
+
+def max_load_send_s(tasks: tuple[Task, ...] | list[Task], edge_src: np.ndarray,
+                    edge_cost: np.ndarray, *, gradients_summed: bool) -> np.ndarray:
+    """Per task: what the max-load model charges when its output crosses devices (see
+    `TaskGraph.send_s`): the largest of its edges' transfers.
+
+    `gradients_summed` (a backward implied by the forward graph): the executor sends
+    a value to each reading device once, and the gradients of that device's readers
+    add up in that copy before one sum crosses back (orchestrator/runtime/executor.py).
+    So the return is charged where the value leaves, as a second transfer of the same
+    size on the producer's forward task (the sender's device and each reading device pay
+    it once, as they pay the value), and a backward task's gradient edges charge nothing."""
+    send = np.zeros(len(tasks))
+    if len(edge_src):
+        np.maximum.at(send, edge_src, edge_cost)
+    if gradients_summed:
+        backward = np.array([t.backward for t in tasks], dtype=bool)
+        send = np.where(backward, 0.0, 2.0 * send)
+    return send
 
 
 def one_micro_batch(tg: TaskGraph) -> TaskGraph:

@@ -6,8 +6,9 @@ split a model into sequential stages with fixed schedules; a DLPlacer plan place
 arbitrary ops of a DAG on devices with a per-device order, which is what this runs.
 
 Every op boundary is an autograd boundary: an op's inputs from other ops are detached
-leaves, so the backward of each op is a separate `torch.autograd.backward` call on its
-device's thread, fed with the gradients its consumers produced. That is exactly the task
+leaves (one copy of a value per device that reads it), so the backward of each op is a
+separate `torch.autograd.backward` call on its device's thread, fed with the gradients
+its consumers produced (summed per device before they cross). That is exactly the task
 graph the simulator schedules (placement/tasks.py), so the plan's predicted step time
 describes what runs here, and on a CPU host the devices' backwards run concurrently
 (the autograd engine would otherwise run all CPU backward work on one thread).
@@ -295,7 +296,11 @@ class _StepState:
         # the task is queued; absent for tasks on CPU devices.
         self.cuda_done: dict[tuple[int, bool, int], torch.cuda.Event] = {}
         self.values: list[dict[str, object]] = [{} for _ in range(k)]
-        # (consumer op, micro-batch) -> {producer node name: detached leaf}
+        # (consumer device, micro-batch) -> {producer node name: detached leaf}. One
+        # copy per device, shared by the ops there that read it: the value crosses to a
+        # device once, and their gradients add up in the copy's `.grad` (each op's
+        # backward runs on that device's thread), so one summed gradient crosses back.
+        # That is what the max-load model charges (placement/tasks.py).
         self.leaves: dict[tuple[int, int], dict[str, object]] = {}
         # (device, micro-batch, input index) -> the batch input on that device
         self.device_inputs: dict[tuple[int, int, int], object] = {}
@@ -352,7 +357,7 @@ class _StepState:
         if producer == op:
             return local[name]
         if producer is not None:
-            leaves = self.leaves.setdefault((op, m), {})
+            leaves = self.leaves.setdefault((d, m), {})
             if name not in leaves:
                 self._wait((producer, False, m), d)
                 value = self.values[m][name]
@@ -419,8 +424,10 @@ class _StepState:
                 total = torch.full_like(value, 1.0 / ex.num_micro_batches)
             for consumer in readers:
                 self._wait((consumer, True, m), d)
-                # Each reader's copy is read here once: drop it and its gradient.
-                leaf = self.leaves.get((consumer, m), {}).pop(node.name, None)
+            for reader_device in sorted({ex.assignment[c] for c in readers}):
+                # Each device's copy is read here once, after all its readers' backward
+                # (waited above): drop it and its summed gradient.
+                leaf = self.leaves.get((reader_device, m), {}).pop(node.name, None)
                 total = _add(total, _grads_of(leaf, device))
             # Every reader has run its backward (and this stream is ordered after
             # them): the value is not read again.

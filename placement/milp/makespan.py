@@ -88,7 +88,7 @@ from placement.simulate import (
 from placement.problem import Problem
 from placement.sequences import joined_sequences
 from placement.step_bound import heads_tails
-from placement.tasks import Task, TaskGraph
+from placement.tasks import Task, TaskGraph, max_load_send_s
 
 #: Most unordered task pairs with overlapping windows a model may carry; beyond it the
 #: graph is coarsened further (each pair is one binary and two big-M rows).
@@ -420,9 +420,8 @@ def coarse_task_graph(tg: TaskGraph, clusters: Sequence[Sequence[int]]
     src = np.array([k[0] for k in edge_cost], dtype=np.int64)
     dst = np.array([k[1] for k in edge_cost], dtype=np.int64)
     cost = np.array(list(edge_cost.values()), dtype=np.float64)
-    send = np.zeros(len(tasks))
-    if len(src):
-        np.maximum.at(send, src, cost)
+    send = max_load_send_s(tasks, src, cost, gradients_summed=(
+        any(t.backward for t in tasks) and not tg.graph.has_explicit_backward))
     group_ops = tuple(tuple(sorted({coarse_of_op[op] for g in groups
                                     for op in tg.group_ops[g]})) for groups in clusters)
     group = np.array([cluster_of_op[coarse.members[t.op_id][0]] for t in tasks],

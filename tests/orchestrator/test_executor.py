@@ -67,17 +67,22 @@ def reference(model, batch):
     return loss.item(), {k: p.grad for k, p in model.named_parameters()}
 
 
+def traced(model_class):
+    """A batch, the plain step's loss and gradients, and the model traced and cut into
+    one op per node."""
+    torch.manual_seed(0)
+    model = model_class()
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    expected = reference(model, batch)
+    gm = fx.symbolic_trace(copy.deepcopy(model))
+    return batch, expected, gm, one_op_per_node(gm)
+
+
 @pytest.mark.parametrize("model_class, num_devices, micro", [
     (Branchy, 1, 1), (Branchy, 2, 1), (Branchy, 2, 4), (Branchy, 3, 2),
     (WeightedBranchy, 2, 2)])
 def test_plan_execution_matches_plain_autograd(model_class, num_devices, micro):
-    torch.manual_seed(0)
-    model = model_class()
-    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
-    expected_loss, expected_grads = reference(model, batch)
-
-    gm = fx.symbolic_trace(copy.deepcopy(model))
-    op_nodes = one_op_per_node(gm)
+    batch, (expected_loss, expected_grads), gm, op_nodes = traced(model_class)
     four_cores = dataclasses.replace(preset("cpu"), devices_per_node=4)
     p = plan(unit_graph(gm, op_nodes), four_cores,
              PlanConfig(num_devices=num_devices, num_micro_batches=micro))
@@ -196,3 +201,37 @@ def test_a_split_step_holds_what_the_plain_step_holds():
         state.run_device(0)
     assert state.error is None
     assert split.peak <= 1.1 * plain.peak
+
+
+def test_a_value_crosses_to_a_device_once_and_its_gradients_come_back_summed(monkeypatch):
+    """The stem's output is read by two ops on the other device (both branches): one
+    copy goes there, its gradients add up in that copy, and one summed gradient comes
+    back, as the max-load model charges (placement/tasks.py). Each reading op taking
+    its own copy sent the value, and its gradient, once per op."""
+    from orchestrator.runtime import executor
+
+    batch, (expected_loss, expected_grads), gm, op_nodes = traced(Branchy)
+    relu = next(op for op, names in op_nodes.items() if names == ["relu"])
+    stem_side = [op for op in op_nodes if op <= relu]
+    assignment = {op: 0 if op in stem_side else 1 for op in op_nodes}
+    order = [[(op, phase, 0) for phase, ops in (("forward", sorted(placed)),
+                                                 ("backward", sorted(placed, reverse=True)))
+              for op in ops]
+             for placed in (stem_side, [op for op in op_nodes if op not in stem_side])]
+    copies, gradients = [], []
+    detach_to, grads_of = executor._detach_to, executor._grads_of
+    monkeypatch.setattr(executor, "_detach_to",
+                        lambda value, device: copies.append(value) or detach_to(value, device))
+    monkeypatch.setattr(executor, "_grads_of",
+                        lambda leaf, device: gradients.append(leaf) or grads_of(leaf, device))
+    ex = PlanExecutor(OpPartition(gm, op_nodes), assignment, order,
+                      [torch.device("cpu")] * 2, num_micro_batches=1)
+    assert ex.step(batch, batch_size=8) == pytest.approx(expected_loss, rel=1e-6)
+    for name, param in gm.named_parameters():
+        torch.testing.assert_close(param.grad, expected_grads[name], rtol=1e-5, atol=1e-6)
+    # Each value that crosses an op boundary is copied once per reading device.
+    crossing = {(node.name, assignment[reader]) for op in op_nodes
+                for node, node_readers, _ in ex.exported[op] for reader in node_readers}
+    assert len(copies) == len(gradients) == len(crossing)
+    relu_readers = {r for node, rs, _ in ex.exported[relu] if node.name == "relu" for r in rs}
+    assert len(relu_readers) == 2 and {assignment[r] for r in relu_readers} == {1}

@@ -157,24 +157,30 @@ def test_side_inputs_never_raise_a_load_on_random_training_graphs(seed):
 
 
 def test_a_send_within_its_own_group_does_not_make_a_side_input():
-    """A group whose task sends only to its own group's tasks (a colocated sink feeding
-    its backward) saves nothing by joining, so that send must not count towards its
-    work: counted, this graph's source joined its consumer and the joined optimum was
-    23 where the true one is 22 (hypothesis drew it as seed 35157 of the sequence DP's
-    walking-back test)."""
-    p = max_load_problem(training_dag(35157, 4, edge_prob=0.438, colocate=True), 2)
-    assert brute_max_load(p, contiguous=False) == pytest.approx(22.0)
+    """A group whose task sends only to its own group's tasks saves nothing by joining,
+    so that send must not count towards its work. Colocated a -> b (a's transfer 10)
+    feed c (b's transfer 1): counted, a's send made the group a side input of c, and
+    the joined optimum was 20 where the true one is 12."""
+    ops = (Op(id=0, name="a", forward_s={"any": 1.0}, backward_s={"any": 1.0},
+              transfer_s=10.0, colocation="pair"),
+           Op(id=1, name="b", forward_s={"any": 4.0}, backward_s={"any": 4.0},
+              transfer_s=1.0, colocation="pair"),
+           Op(id=2, name="c", forward_s={"any": 5.0}, backward_s={"any": 5.0}))
+    p = max_load_problem(OpGraph(ops=ops, edges=(Edge(src=0, dst=1), Edge(src=1, dst=2)),
+                                 name="inner-send", time_unit="unit"), 2)
+    assert brute_max_load(p, contiguous=False) == pytest.approx(12.0)
     root = join_roots(side_inputs(p.tg, p.group_memory, p.memory_cap))
     assert (root == np.arange(p.tg.num_groups)).all()
 
 
 def _main_chain_with_a_pendant() -> OpGraph:
     """A chain m0 -> m1 -> m2 -> m3 (each 8 of work, transfers 1) and a pendant chain
-    u0 -> u1 -> m3 (each 4 of work, transfers 2: no side inputs). The topological order
+    u0 -> u1 -> m3 (each 6 of work, transfers 2, 4 with the gradient's return: no side
+    inputs). The topological order
     takes u0 and u1 first (the higher ids), so every split of it pays u1's transfer."""
     ops = tuple(Op(id=i, name=f"m{i}", forward_s={"any": 4.0}, backward_s={"any": 4.0},
                    transfer_s=1.0) for i in range(4)) + tuple(
-        Op(id=i, name=f"u{i - 4}", forward_s={"any": 2.0}, backward_s={"any": 2.0},
+        Op(id=i, name=f"u{i - 4}", forward_s={"any": 3.0}, backward_s={"any": 3.0},
            transfer_s=2.0) for i in (4, 5))
     edges = tuple(Edge(src=i, dst=i + 1) for i in range(3)) + (
         Edge(src=4, dst=5), Edge(src=5, dst=3))

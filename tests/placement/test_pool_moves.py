@@ -40,11 +40,11 @@ def test_pool_moves_never_worsen_a_plan(seed, start):
 
 
 def test_a_run_moves_where_single_groups_cannot():
-    """Seed 71 (from random start 4, after single-group local search, 69): moving a
-    run of pooled units reaches the optimum, 60."""
-    p, units, optimum = _case(71)
+    """Seed 785 (from random start 0, after single-group local search, 58): moving a
+    run of pooled units reaches the optimum, 57."""
+    p, units, optimum = _case(785)
     k = p.num_devices
-    rng = np.random.default_rng(4)
+    rng = np.random.default_rng(0)
     group_device = np.empty(p.tg.num_groups, dtype=np.int64)
     for groups in units:
         group_device[groups] = rng.integers(k)
@@ -56,7 +56,7 @@ def test_a_run_moves_where_single_groups_cannot():
     light = float(costs[len(costs) // 2])
     placed, moved = pool_moves(p.tg, k, units, group_device, light, p.group_memory,
                                math.inf, math.inf)
-    assert (value, moved, optimum) == (69.0, 60.0, 60.0)
+    assert (value, moved, optimum) == (58.0, 57.0, 57.0)
 
 
 def _random_start(p, units, start):
@@ -86,7 +86,7 @@ def test_boundary_swaps_never_worsen_a_plan_and_keep_the_memory_cap(seed, start)
 
 def test_a_boundary_swap_where_pool_moves_cannot():
     """Seed 2 (7 units, 2 devices; random start 1, after single-group local search,
-    47): no pool move at any sender threshold improves the plan; swapping two runs at
+    46): no pool move at any sender threshold improves the plan; swapping two runs at
     its cuts reaches the optimum, 40."""
     p, units, optimum = _case(2)
     k = p.num_devices
@@ -100,7 +100,7 @@ def test_a_boundary_swap_where_pool_moves_cannot():
                  for light in _Model(p.tg, units, k).cost)
     _, swapped = boundary_swaps(p.tg, k, units, group_device, p.group_memory, math.inf,
                                 math.inf)
-    assert (value, pooled, swapped, optimum) == (47.0, 47.0, 40.0, 40.0)
+    assert (value, pooled, swapped, optimum) == (46.0, 46.0, 40.0, 40.0)
 
 
 @settings(max_examples=60, deadline=None)
