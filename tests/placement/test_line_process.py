@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from placement.line_process import LineProcess, spare_core
-from placement.sequence_dp import line_test
+from placement.sequence_dp import _Model, line_test
 from tests.placement.test_sequence_dp import _case
 
 
@@ -30,6 +30,18 @@ def test_the_child_proves_just_under_the_optimum_and_not_at_it(seed):
             assert child.failure is None
         finally:
             child.close()
+
+
+def test_cells_that_let_a_relaxed_placement_through_are_narrowed():
+    """Seed 20 (7 units, 2 devices) just under its optimum, 61: cells of 0.3 x 61 merge
+    states into one that fits, so that test alone proves nothing; the line test runs
+    again with narrower cells and proves."""
+    p, units, optimum = _case(20)
+    k, bound, merge = p.num_devices, optimum * (1 - 1e-6), 0.3 * optimum
+    assert optimum == 61
+    assert not _Model(p.tg, units, k, 0.0).proves(bound, math.inf, 10**6, merge, pace=False)
+    assert line_test(p.tg, units, k, 0.0, bound, math.inf, 10**6, merge)
+    assert not line_test(p.tg, units, k, 0.0, optimum, math.inf, 10**6, merge)
 
 
 def test_a_child_that_fails_names_why_and_proves_nothing():
