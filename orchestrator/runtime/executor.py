@@ -141,6 +141,10 @@ class PlanExecutor:
                 is_output = self.output_node in node.users
                 if readers or is_output:
                     self.exported[op].append((node, readers, is_output))
+        # Exported node -> the devices holding its readers, each holding one copy of it.
+        self.reader_devices = {node.name: sorted({self.assignment[r] for r in readers})
+                               for exported in self.exported.values()
+                               for node, readers, _ in exported}
 
     def _check_plan(self, order: Sequence[Sequence[tuple[int, str, int]]]) -> None:
         unplaced = set(self.op_nodes) - set(self.assignment)
@@ -424,7 +428,7 @@ class _StepState:
                 total = torch.full_like(value, 1.0 / ex.num_micro_batches)
             for consumer in readers:
                 self._wait((consumer, True, m), d)
-            for reader_device in sorted({ex.assignment[c] for c in readers}):
+            for reader_device in ex.reader_devices[node.name]:
                 # Each device's copy is read here once, after all its readers' backward
                 # (waited above): drop it and its summed gradient.
                 leaf = self.leaves.get((reader_device, m), {}).pop(node.name, None)
