@@ -14,6 +14,7 @@ from orchestrator.train.config import TrainConfig
 from orchestrator.train.job import WorkerJob
 from orchestrator.train.planning import plan_worker, profile_worker_batch, worker_batch_size
 from orchestrator.train.worker import train_loop_per_worker
+from placement.cluster import preset
 from placement.errors import UserError
 
 
@@ -44,9 +45,11 @@ SPLIT_PLAN_TIME_S = 3.0
 def split_plan(cfg: TrainConfig):
     """A plan over every one of the worker's devices: max-load balances the ops over
     them, where a step-time plan of a model this small on CPU threads keeps it on one
-    device (and a test of the split would then run none)."""
+    device (and a test of the split would then run none). Balanced on a DGX-1's
+    projected times, which every profile carries: a profile measured on this shared
+    CPU moves with its load, and one slow op could tip the split to one side."""
     return plan_worker(cfg, graph=_profile(cfg), objective="max-load",
-                       time_limit_s=SPLIT_PLAN_TIME_S)
+                       time_limit_s=SPLIT_PLAN_TIME_S, cluster=preset("dgx1-v100"))
 
 
 def run_local(cfg: TrainConfig, tmp_path, plan=None) -> dict:
