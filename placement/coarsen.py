@@ -195,8 +195,11 @@ def _contract(fine: OpGraph, piece_of_op: Mapping[int, tuple]) -> Coarsening:
     coarse_edges = []
     for (a, b), es in edges.items():
         costs = [e.cost_s for e in es if e.cost_s is not None]
+        told = any(e.grad_bytes is not None for e in es)
         coarse_edges.append(Edge(src=a, dst=b, bytes=max(e.bytes for e in es),
-                                 cost_s=max(costs) if costs else None))
+                                 cost_s=max(costs) if costs else None,
+                                 grad_bytes=max(e.gradient_bytes for e in es) if told
+                                 else None))
     graph = OpGraph(ops=tuple(ops), edges=tuple(coarse_edges), name=f"{fine.name}.coarse",
                     time_unit=fine.time_unit, metadata=dict(fine.metadata))
     members = {coarse_id[key]: tuple(op.id for op in ops_) for key, ops_ in by_key.items()}

@@ -83,6 +83,15 @@ class Edge:
     """Size of the tensor flowing along the edge."""
     cost_s: float | None = None
     """Explicit transfer time when the ends sit on different devices (peer format)."""
+    grad_bytes: float | None = None
+    """Size of the gradient that flows back along the edge in a training step whose
+    backward is implied: the part of the value that requires grad (an attention mask
+    or token ids carry none). None: the whole value (`bytes`)."""
+
+    @property
+    def gradient_bytes(self) -> float:
+        """Bytes of the gradient that crosses back (see `grad_bytes`)."""
+        return self.bytes if self.grad_bytes is None else self.grad_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +214,10 @@ def validate(graph: OpGraph) -> None:
         if e.src == e.dst:
             raise GraphError(f"edge {e.src}->{e.dst} is a self-loop: remove it")
         _check_number(e.bytes, f"edge {e.src}->{e.dst} bytes")
+        _check_number(e.grad_bytes, f"edge {e.src}->{e.dst} grad_bytes")
+        if e.grad_bytes is not None and e.grad_bytes > e.bytes:
+            raise GraphError(f"edge {e.src}->{e.dst} has grad_bytes {e.grad_bytes:g} over "
+                             f"its bytes {e.bytes:g}: the gradient is of a part of the value")
         _check_number(e.cost_s, f"edge {e.src}->{e.dst} cost")
     if _topological_order(graph.ops, graph.edges) is None:
         cycle = _find_cycle(graph)

@@ -79,7 +79,8 @@ def graph_to_dict(graph: OpGraph) -> dict[str, Any]:
             for op in graph.ops
         ],
         "edges": [
-            {"src": e.src, "dst": e.dst, "bytes": e.bytes, "cost_s": e.cost_s}
+            {"src": e.src, "dst": e.dst, "bytes": e.bytes, "cost_s": e.cost_s,
+             "grad_bytes": e.grad_bytes}
             for e in graph.edges
         ],
     }
@@ -148,6 +149,7 @@ def graph_from_dict(data: Mapping[str, Any], default_name: str = "graph") -> OpG
             dst=_field(rec, "dst", what),
             bytes=_number(rec.get("bytes", 0.0), f"{what} bytes"),
             cost_s=_optional_number(rec.get("cost_s"), f"{what} cost_s"),
+            grad_bytes=_optional_number(rec.get("grad_bytes"), f"{what} grad_bytes"),
         ))
     return OpGraph(
         ops=tuple(ops), edges=tuple(edges),

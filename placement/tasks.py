@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from placement.cluster import Link
-from placement.graph import OpGraph
+from placement.graph import Edge, OpGraph
 
 
 class Task(NamedTuple):
@@ -272,6 +272,14 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
             return cost_s / k
         return link.transfer_s(bytes_ / k) if bytes_ > 0 else 0.0
 
+    def gradient_transfer(e: Edge, value_s: float) -> float:
+        # What requires grad of the value crosses back: none of an attention mask or
+        # token ids. The producer's backward still waits for its readers' (the executor
+        # frees the value then), so the edge stays. An explicit time is the value's.
+        if e.cost_s is not None or graph.op(e.src).transfer_s is not None:
+            return 0.0 if e.grad_bytes == 0 else value_s
+        return transfer(e.gradient_bytes, None)
+
     src: list[int] = []
     dst: list[int] = []
     cost: list[float] = []
@@ -285,7 +293,7 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
             if implied_backward:
                 src.append(index[Task(e.dst, True, m)])
                 dst.append(index[Task(e.src, True, m)])
-                cost.append(c)
+                cost.append(gradient_transfer(e, c))
         if implied_backward:
             for op in graph.ops:
                 src.append(index[Task(op.id, False, m)])
@@ -295,7 +303,8 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
     edge_src = np.asarray(src, dtype=np.int64)
     edge_dst = np.asarray(dst, dtype=np.int64)
     edge_cost = np.asarray(cost, dtype=np.float64)
-    send = max_load_send_s(tasks, edge_src, edge_cost, gradients_summed=implied_backward)
+    send = max_load_send_s(tasks, edge_src, edge_dst, edge_cost,
+                           gradients_summed=implied_backward)
     return TaskGraph(
         graph=graph, tasks=tuple(tasks), duration_s=np.asarray(duration),
         group=np.asarray(group, dtype=np.int64), group_ops=group_ops,
@@ -305,23 +314,36 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
 
 
 def max_load_send_s(tasks: tuple[Task, ...] | list[Task], edge_src: np.ndarray,
-                    edge_cost: np.ndarray, *, gradients_summed: bool) -> np.ndarray:
+                    edge_dst: np.ndarray, edge_cost: np.ndarray, *,
+                    gradients_summed: bool) -> np.ndarray:
     """Per task: what the max-load model charges when its output crosses devices (see
     `TaskGraph.send_s`): the largest of its edges' transfers.
 
     `gradients_summed` (a backward implied by the forward graph): the executor sends
     a value to each reading device once, and the gradients of that device's readers
     add up in that copy before one sum crosses back (orchestrator/runtime/executor.py).
-    So the return is charged where the value leaves, as a second transfer of the same
-    size on the producer's forward task (the sender's device and each reading device pay
-    it once, as they pay the value), and a backward task's gradient edges charge nothing."""
+    So the return is charged where the value leaves, on the producer's forward task:
+    the largest transfer of its gradient edges (a reader's backward to the producer's,
+    sized by the part of the value that requires grad, `Edge.grad_bytes`) added to the
+    value's. The sender's device and each reading device pay it once, as they pay the
+    value, and a backward task's gradient edges charge nothing."""
     send = np.zeros(len(tasks))
-    if len(edge_src):
+    if not len(edge_src):
+        return send
+    if not gradients_summed:
         np.maximum.at(send, edge_src, edge_cost)
-    if gradients_summed:
-        backward = np.array([t.backward for t in tasks], dtype=bool)
-        send = np.where(backward, 0.0, 2.0 * send)
-    return send
+        return send
+    backward = np.array([t.backward for t in tasks], dtype=bool)
+    forward_of = {(t.op_id, t.micro_batch): i for i, t in enumerate(tasks) if not t.backward}
+    values = ~backward[edge_src]
+    np.maximum.at(send, edge_src[values], edge_cost[values])
+    # Gradient edges run between backward tasks, from a reader's to its producer's.
+    returns = backward[edge_src] & backward[edge_dst]
+    returned = np.zeros(len(tasks))
+    producer = np.array([forward_of[(tasks[t].op_id, tasks[t].micro_batch)]
+                         for t in edge_dst[returns].tolist()], dtype=np.int64)
+    np.maximum.at(returned, producer, edge_cost[returns])
+    return send + returned
 
 
 def one_micro_batch(tg: TaskGraph) -> TaskGraph:

@@ -331,6 +331,12 @@ def _value_bytes(v) -> float:
     return float(v.numel() * v.element_size()) if isinstance(v, torch.Tensor) else 0.0
 
 
+def _gradient_bytes(v) -> float:
+    """Bytes of the gradient a value carries back in training: none where it does not
+    require grad (token ids, an attention mask, a function of the inputs alone)."""
+    return _value_bytes(v) if isinstance(v, torch.Tensor) and v.requires_grad else 0.0
+
+
 def _shape(v) -> list[int] | None:
     return list(v.shape) if isinstance(v, torch.Tensor) else None
 
@@ -447,7 +453,8 @@ def _op_graph(part: Partition, spec: ModelSpec, env: dict, costs: list[OpCost],
             param_bytes=own_bytes, frozen_bytes=frozen_bytes,
             activation_bytes=acts[op.id], colocation=colocation.get(op.id),
             attrs=attrs))
-    edges = tuple(Edge(src=s, dst=d, bytes=sum(_value_bytes(env[n]) for n in names))
+    edges = tuple(Edge(src=s, dst=d, bytes=sum(_value_bytes(env[n]) for n in names),
+                       grad_bytes=sum(_gradient_bytes(env[n]) for n in names))
                   for (s, d), names in part.edges.items())
     metadata = {
         "model": spec.name, "preset": spec.preset, "batch": batch,

@@ -420,7 +420,7 @@ def coarse_task_graph(tg: TaskGraph, clusters: Sequence[Sequence[int]]
     src = np.array([k[0] for k in edge_cost], dtype=np.int64)
     dst = np.array([k[1] for k in edge_cost], dtype=np.int64)
     cost = np.array(list(edge_cost.values()), dtype=np.float64)
-    send = max_load_send_s(tasks, src, cost, gradients_summed=(
+    send = max_load_send_s(tasks, src, dst, cost, gradients_summed=(
         any(t.backward for t in tasks) and not tg.graph.has_explicit_backward))
     group_ops = tuple(tuple(sorted({coarse_of_op[op] for g in groups
                                     for op in tg.group_ops[g]})) for groups in clusters)

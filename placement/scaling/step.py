@@ -78,7 +78,9 @@ def scale_graph(graph: OpGraph, compute_factor: float, data_factor: float) -> Op
         transfer_s=None if op.transfer_s is None else op.transfer_s * data_factor,
     ) for op in graph.ops)
     edges = tuple(replace(e, bytes=e.bytes * data_factor,
-                          cost_s=None if e.cost_s is None else e.cost_s * data_factor)
+                          cost_s=None if e.cost_s is None else e.cost_s * data_factor,
+                          grad_bytes=None if e.grad_bytes is None
+                          else e.grad_bytes * data_factor)
                   for e in graph.edges)
     return replace(graph, ops=ops, edges=edges)
 

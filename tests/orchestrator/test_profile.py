@@ -321,3 +321,17 @@ def test_a_frozen_layer_has_no_backward_and_no_optimizer_step():
     assert frozen.frozen_bytes == frozen.param_bytes == (16 * 32 + 32) * 4
     assert trained.backward_s["v100"] > 0
     assert trained.frozen_bytes == 0 and trained.trainable_bytes == (32 * 4 + 4) * 4
+
+
+def test_an_edge_records_the_gradient_that_flows_back_along_it():
+    """Nothing requires grad up to the frozen layer's output, so it crosses to a
+    reader on another device and nothing comes back; the trained layer's output carries
+    its whole gradient back. The planner charges each accordingly (placement.tasks
+    build_tasks)."""
+    graph = profile_model("tests.orchestrator.test_profile:half_frozen", device="meta")
+    name = {op.id: op.name for op in graph.ops}
+    frozen = [e for e in graph.edges if "frozen" in name[e.src]]
+    trained = [e for e in graph.edges if "trained" in name[e.src]]
+    assert frozen and trained
+    assert all(e.bytes > 0 and e.grad_bytes == 0 for e in frozen)
+    assert all(e.bytes > 0 and e.grad_bytes == e.bytes for e in trained)

@@ -36,6 +36,21 @@ def test_frozen_bytes_round_trip_and_never_pass_the_parameters(tmp_path):
         load_graph(tmp_path / "bad.json")
 
 
+def test_grad_bytes_round_trip_and_never_pass_the_value(tmp_path):
+    g = chain_graph([1.0, 2.0, 3.0], cost=0.5)
+    edges = list(g.edges)
+    edges[0] = dataclasses.replace(edges[0], bytes=8.0, grad_bytes=0.0)
+    g = dataclasses.replace(g, edges=tuple(edges))
+    save_graph(g, tmp_path / "g.json")
+    again = load_graph(tmp_path / "g.json")
+    assert [e.gradient_bytes for e in again.edges] == [0.0] + [e.bytes for e in edges[1:]]
+    raw = json.loads((tmp_path / "g.json").read_text())
+    raw["edges"][0]["grad_bytes"] = 9.0
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(GraphError, match="grad_bytes 9 over its bytes 8"):
+        load_graph(tmp_path / "bad.json")
+
+
 def test_peer_import_keeps_ids_units_and_colour_classes(peer_graphs):
     g = load_graph(peer_graphs / "bert24_training.json")
     raw = json.loads((peer_graphs / "bert24_training.json").read_text())

@@ -73,6 +73,29 @@ def test_implied_backward_runs_on_the_forward_device_in_reverse():
     assert tasks(g, training=False).num_tasks == 2
 
 
+def test_a_value_without_a_gradient_crosses_forward_only():
+    """An edge whose value requires no grad (`grad_bytes` 0: a mask, token ids) has no
+    gradient to send back: the producer's backward waits for the reader's as before
+    (the executor frees the value then) but pays no transfer, and the max-load model
+    charges the value once, where a value with a gradient pays for its return too."""
+    def graph(grad_bytes):
+        return OpGraph(
+            ops=(Op(id=0, name="mask", forward_s={"any": 1.0}, backward_s={"any": 2.0}),
+                 Op(id=1, name="b", forward_s={"any": 2.0}, backward_s={"any": 4.0})),
+            edges=(Edge(src=0, dst=1, bytes=1.0, grad_bytes=grad_bytes),))
+    with_gradient, without = tasks(graph(None)), tasks(graph(0.0))
+    split = place(without, {0: 0, 1: 1})
+    # f0 [0,1], send 1 -> f1 [2,4], b1 [4,8], nothing back -> b0 [8,10]
+    assert list_schedule(without, split, 2).step_time_s == pytest.approx(10.0)
+    assert list_schedule(with_gradient, split, 2).step_time_s == pytest.approx(11.0)
+    assert device_loads(without, split, 2).tolist() == pytest.approx([3.0 + 1, 6.0 + 1])
+    assert device_loads(with_gradient, split, 2).tolist() == pytest.approx([3.0 + 2, 6.0 + 2])
+    # Half of a value's bytes require grad: its return costs half of the value's.
+    half = tasks(graph(0.5))
+    assert list_schedule(half, split, 2).step_time_s == pytest.approx(10.5)
+    assert device_loads(half, split, 2).tolist() == pytest.approx([3.0 + 1.5, 6.0 + 1.5])
+
+
 def test_micro_batches_pipeline():
     tg = tasks(chain_graph([2.0, 2.0], cost=0.0), k=2)
     gd = place(tg, {0: 0, 1: 1})
