@@ -74,7 +74,8 @@ from placement.milp.max_load import add_memory_and_symmetry, canonical_devices, 
 from placement.milp.pipeline_bound import solve_relaxation
 from placement.neighbour_bound import neighbour_bound
 from placement.refine import (Leaders, chain_search, chain_sweep, justified, kicked_search,
-                              local_search, order_search, schedule_search)
+                              local_search, order_search, ordered_move_search,
+                              schedule_search)
 from placement.simulate import (
     OrderError,
     Schedule,
@@ -645,9 +646,11 @@ def _search(problem: Problem, backend: Backend, incumbent: Incumbent,
     if status != "optimal":
         if not parts_placed:
             refine(ORDER_REFINE_SHARE)
-        order_search_round(problem, incumbent, deadline, rng, runners_up())
+        searched = order_search_round(problem, incumbent, deadline, rng, runners_up())
         if worth_a_round(problem, deadline):
             order_round(problem, backend, incumbent, deadline)
+        if tg.num_micro_batches > 1:
+            ordered_move_round(problem, incumbent, deadline - reserve(), searched)
         # The search takes what the order round leaves: it may prove its order early,
         # or not run at all on an order model over the cap.
         refine(1.0 - reserve() / max(deadline - time.perf_counter(), 1e-9))
@@ -895,7 +898,8 @@ def block_round(problem: Problem, backend: Backend, incumbent: Incumbent,
 def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
                        rng: np.random.Generator,
                        runners_up: Sequence[tuple[np.ndarray, Schedule]] = (),
-                       share: float = ORDER_SEARCH_SHARE, move_groups: bool = False) -> None:
+                       share: float = ORDER_SEARCH_SHARE, move_groups: bool = False
+                       ) -> list[tuple[np.ndarray, Schedule, str]]:
     """Offer the incumbent's placement, then each of `runners_up` (placements with a
     schedule of theirs), with the order `order_search` finds from its own (with
     `move_groups`, the placement and order `placement.refine.schedule_search` finds),
@@ -903,11 +907,13 @@ def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
     next). The order search, a descent, may be the better of the two in a couple of
     seconds: on Inception-V3's paper preset on two V100s (tasks of 1 ms on average), in
     this round at the end, the annealing left the plan at 211.2 ms where the order
-    search had reached 211.1 (one run each, box idle)."""
+    search had reached 211.1 (one run each, box idle). Returns each placement with the
+    schedule found for it and its source."""
     tg = problem.tg
     incumbent.stage = "order search"
     until = time.perf_counter() + share * max(0.0, deadline - time.perf_counter())
     gd = incumbent.group_device
+    searched = []
     candidates = [(gd, _incumbent_schedule(problem, incumbent), incumbent.source)] + [
         (other, own, f"{HEURISTIC}local search") for other, own in runners_up
         if not np.array_equal(other, gd)]
@@ -929,6 +935,32 @@ def order_search_round(problem: Problem, incumbent: Incumbent, deadline: float,
             found = order_search(tg, gd, schedule, rng=rng, deadline=candidate_until)
             how = "order search"
         incumbent.offer(gd, found.step_time_s, f"{source} + {how}",
+                        [list(ts) for ts in found.order])
+        searched.append((gd, found, f"{source} + {how}"))
+    return searched
+
+
+def ordered_move_round(problem: Problem, incumbent: Incumbent, deadline: float,
+                       plans: Sequence[tuple[np.ndarray, Schedule, str]] = ()) -> None:
+    """Offer the incumbent's plan, then each of `plans` (placements with their orders,
+    best first), after the moves of `placement.refine.ordered_move_search` (each
+    placement judged by the best order found near the plan's own), until no move helps
+    or `deadline`. With several micro-batches the incumbent's order comes from the
+    order search, and the placement searches, which judge a move by a fresh dispatch,
+    find no move that beats it."""
+    incumbent.stage = "ordered moves"
+    starts = [(incumbent.group_device, _incumbent_schedule(problem, incumbent),
+               incumbent.source)] + sorted(
+        ((gd, schedule, source) for gd, schedule, source in plans
+         if not np.array_equal(gd, incumbent.group_device)),
+        key=lambda p: p[1].step_time_s)
+    for gd, schedule, source in starts:
+        if time.perf_counter() >= deadline:
+            break
+        gd, found = ordered_move_search(problem.tg, gd, schedule,
+                                        group_memory=problem.group_memory,
+                                        memory_cap=problem.memory_cap, deadline=deadline)
+        incumbent.offer(gd, found.step_time_s, f"{source} + ordered moves",
                         [list(ts) for ts in found.order])
 
 

@@ -10,7 +10,8 @@ from placement.coarsen import chain_branches
 from placement.graph import Edge, Op, OpGraph
 from placement.heuristics import heft
 from placement.refine import (chain_search, chain_sweep, justified, kicked_search,
-                              local_search, order_search, schedule_search)
+                              local_search, order_search, ordered_move_search,
+                              schedule_search)
 from placement.simulate import critical_chain, evaluate_order, list_schedule
 from tests.placement.helpers import dag
 from tests.placement.milp_cases import (fits_memory, problem, search_step_time,
@@ -256,6 +257,51 @@ def test_justification_by_dispatch_runs_the_early_input_first():
     tg, gd, best = early_input_case()
     listed = list_schedule(tg, gd, 2)
     assert justified(tg, gd, 2, listed, dispatch=True).step_time_s == best == 29.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_dags(), st.integers(1, 3), st.integers(1, 2), st.randoms())
+def test_ordered_moves_never_lose_keep_memory_and_their_order_gives_their_times(graph, k,
+                                                                               micro, rnd):
+    tg = tasks(graph, k=micro)
+    gd = random_placement(tg, k, rnd)
+    memory = np.array([rnd.uniform(0.0, 1.0) for _ in range(tg.num_groups)])
+    cap = max(np.bincount(gd, weights=memory, minlength=k).max(), memory.sum() / k)
+    listed = list_schedule(tg, gd, k)
+    placed, found = ordered_move_search(tg, gd, listed, group_memory=memory, memory_cap=cap,
+                                        deadline=time.perf_counter() + 0.2)
+    assert found.step_time_s <= listed.step_time_s
+    assert np.bincount(placed, weights=memory, minlength=k).max() <= cap
+    again = evaluate_order(tg, placed, found.order)
+    assert np.allclose(again.start_s, found.start_s)
+
+
+def test_ordered_moves_beat_a_searched_order_that_every_freshly_scheduled_move_loses_to():
+    """A seeded training DAG of 6 ops on two devices with two micro-batches, HEFT's
+    placement in the order the order search finds (52.5): every placement one move
+    away, list-scheduled, justified or dispatched (how the placement searches judge a
+    move), takes at least 54.5, so no placement search leaves this plan; moves that
+    keep the plan's order and search near it reach 50.5."""
+    p = problem(training_dag(37, 6), 2, "makespan", num_micro_batches=2)
+    tg = p.tg
+    gd = heft(tg, 2, p.group_memory, p.memory_cap)
+    start = order_search(tg, gd, justified(tg, gd, 2, list_schedule(tg, gd, 2), dispatch=True),
+                         deadline=time.perf_counter() + 5, rng=np.random.default_rng(0),
+                         patience=50)
+    assert start.step_time_s == 52.5
+    fresh = []
+    for g in range(tg.num_groups):
+        moved = gd.copy()
+        moved[g] = 1 - gd[g]
+        if fits_memory(p)(moved):
+            listed = list_schedule(tg, moved, 2)
+            fresh += [listed.step_time_s, justified(tg, moved, 2, listed).step_time_s,
+                      justified(tg, moved, 2, listed, dispatch=True).step_time_s]
+    assert min(fresh) == 54.5
+    placed, found = ordered_move_search(tg, gd, start, group_memory=p.group_memory,
+                                        memory_cap=p.memory_cap,
+                                        deadline=time.perf_counter() + 5)
+    assert found.step_time_s == 50.5 and fits_memory(p)(placed)
 
 
 @settings(max_examples=40, deadline=None)
