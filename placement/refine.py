@@ -63,7 +63,7 @@ ANNEAL_STEPS = 5000
 #: kept (`_regrouped`), get an order descent, and how long each may take. On
 #: Inception-V3's paper preset on four V100s with four micro-batches, eight tries of up
 #: to 1 s took a plan from 94.78 to 94.14 ms in five moves (6 s); in the solve, with
-#: 0.5 s, the round reached 94.15-94.5 from the same start, and forty tries of 0.5 s
+#: 0.5 s, the solves of seed 0 ended at 94.15-94.5, and forty tries of 0.5 s
 #: found no move from another seed's plan (95.16).
 MOVE_TRIES = 8
 MOVE_TRY_S = 0.5
