@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from placement.cluster import Link
-from placement.graph import Edge, OpGraph
+from placement.graph import OpGraph
 
 
 class Task(NamedTuple):
@@ -272,28 +272,28 @@ def build_tasks(graph: OpGraph, *, link: Link, device_kind: str,
             return cost_s / k
         return link.transfer_s(bytes_ / k) if bytes_ > 0 else 0.0
 
-    def gradient_transfer(e: Edge, value_s: float) -> float:
-        # What requires grad of the value crosses back: none of an attention mask or
-        # token ids. The producer's backward still waits for its readers' (the executor
-        # frees the value then), so the edge stays. An explicit time is the value's.
-        if e.cost_s is not None or graph.op(e.src).transfer_s is not None:
-            return 0.0 if e.grad_bytes == 0 else value_s
-        return transfer(e.gradient_bytes, None)
+    # Per edge, the same in every micro-batch: the value's transfer and its gradient's.
+    # What requires grad of the value crosses back (none of an attention mask or token
+    # ids); the producer's backward still waits for its readers' (the executor frees the
+    # value then), so the edge stays. An explicit time is the value's and its gradient's.
+    edge_costs = []
+    for e in graph.edges:
+        explicit = e.cost_s if e.cost_s is not None else graph.op(e.src).transfer_s
+        edge_costs.append((transfer(e.bytes, explicit),
+                           0.0 if e.grad_bytes == 0 else transfer(e.gradient_bytes, explicit)))
 
     src: list[int] = []
     dst: list[int] = []
     cost: list[float] = []
     for m in range(k):
-        for e in graph.edges:
-            c = transfer(e.bytes, e.cost_s if e.cost_s is not None
-                         else graph.op(e.src).transfer_s)
+        for e, (value_s, gradient_s) in zip(graph.edges, edge_costs):
             src.append(index[Task(e.src, False, m)])
             dst.append(index[Task(e.dst, False, m)])
-            cost.append(c)
+            cost.append(value_s)
             if implied_backward:
                 src.append(index[Task(e.dst, True, m)])
                 dst.append(index[Task(e.src, True, m)])
-                cost.append(gradient_transfer(e, c))
+                cost.append(gradient_s)
         if implied_backward:
             for op in graph.ops:
                 src.append(index[Task(op.id, False, m)])
